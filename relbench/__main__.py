@@ -1,0 +1,3 @@
+from relbench.cli import main
+
+main()

@@ -1,0 +1,263 @@
+"""The relbench command line. Parses and validates, calls the library, prints; no maths here."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import torch
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from typer.core import TyperGroup
+
+from relbench import positions, report, results
+from relbench.attention import BACKENDS, resolve_backend
+from relbench.config import DEFAULT_PRESET, PRESETS, EvalConfig, resolve, to_dict
+from relbench.errors import RelbenchError, UsageError
+
+console = Console()
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+# options that take several values after one flag: `--lengths 256 1024 4096`
+VARIADIC = ("--lengths", "--variants")
+
+def spread_variadic(args: list[str]) -> list[str]:
+    """Rewrite `--lengths 1 2 3` (and `--lengths 1,2,3`) as `--lengths 1 --lengths 2 --lengths 3`,
+    which click understands; a value may look like a negative number."""
+    out: list[str] = []
+    current = None
+    for arg in args:
+        if arg in VARIADIC:
+            current = arg
+            continue
+        if current and (not arg.startswith("-") or re.fullmatch(r"-\d+(\.\d*)?", arg)):
+            for value in filter(None, arg.split(",")):
+                out += [current, value]
+            continue
+        if current and not any(o == current for o in out[-2:-1]):
+            out.append(current)  # the flag with no value: let click report it
+        current = None
+        out.append(arg)
+    if current and not any(o == current for o in out[-2:-1]):
+        out.append(current)
+    return out
+
+def _is_click_error(error: Exception) -> bool:
+    """A click usage error (click's own, or the copy of click that newer Typer versions carry)."""
+    return callable(getattr(error, "format_message", None)) and isinstance(getattr(error, "exit_code", None), int)
+
+
+class Group(TyperGroup):
+    """Errors become one line on stderr and an exit code: 2 for usage, 1 for runtime problems."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        args = spread_variadic(list(sys.argv[1:] if args is None else args))
+        try:
+            code = super().main(args=args, prog_name=prog_name, complete_var=complete_var,
+                                standalone_mode=False, **extra)
+        except RelbenchError as error:
+            err_console.print(f"error: {error}", markup=False)
+            code = error.exit_code
+        except typer.Abort:
+            err_console.print("interrupted", markup=False)
+            code = 130
+        except Exception as error:
+            if not _is_click_error(error):
+                raise
+            where = error.ctx.command_path if getattr(error, "ctx", None) else "relbench"
+            message = " ".join(error.format_message().split())
+            err_console.print(f"error: {message} (see `{where} --help`)", markup=False)
+            code = error.exit_code
+        code = code if isinstance(code, int) else 0
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
+app = typer.Typer(cls=Group, add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                  context_settings={"help_option_names": ["-h", "--help"]},
+                  help="Benchmark position encodings: train short, test long, measure the cost.")
+
+RunDir = Annotated[Path, typer.Option("--run-dir", help="Run directory shared by train, extrapolate and report.")]
+Device = Annotated[str, typer.Option(help="auto (CUDA when available, else CPU), cpu, cuda or cuda:N.")]
+Variants = Annotated[list[str] | None, typer.Option(
+    help='Variant specs, e.g. xl alibi "t5:bidirectional=true" (default: all). See `relbench variants`.')]
+Lengths = Annotated[list[int] | None, typer.Option(help="Evaluation lengths (default: 1x, 4x, 16x the training length).")]
+Attention = Annotated[str, typer.Option(help=f"Attention backend: {', '.join(BACKENDS)}.")]
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UsageError(f'unknown device "{name}"; use auto, cpu, cuda or cuda:N') from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError("CUDA is not available on this machine; use --device cpu")
+    if device.type not in ("cpu", "cuda"):
+        raise UsageError(f'device "{name}" is not supported; use auto, cpu, cuda or cuda:N')
+    return device
+
+def all_variants(variants: list[str] | None) -> list[str]:
+    specs = variants or positions.names()
+    for spec in specs:
+        positions.parse_spec(spec)  # unknown names and options fail here, before any work
+    if len(set(specs)) != len(specs):
+        raise UsageError(f"variant {next(s for s in specs if specs.count(s) > 1)} is given twice")
+    return specs
+
+@app.command("variants")
+def variants_command(
+    heads: Annotated[int, typer.Option(help="Attention heads per layer.")] = 8,
+    head_dim: Annotated[int, typer.Option(help="Channels per head.")] = 64,
+    layers: Annotated[int, typer.Option(help="Layers, for the total parameter count.")] = 4,
+    train_length: Annotated[int, typer.Option(help="Training length (learned embeddings' size).")] = 256,
+) -> None:
+    """List every position variant with its family, formula and parameter count.
+
+    Example: relbench variants --heads 8 --head-dim 64 --layers 12
+    """
+    if min(heads, head_dim, layers, train_length) < 1:
+        raise UsageError("--heads, --head-dim, --layers and --train-length must be positive")
+    table = Table(title=f"Position variants ({heads} heads x {head_dim} channels, {layers} layers)", title_justify="left")
+    for column in ("name", "family", "formula", "params", "options"):
+        table.add_column(column, justify="right" if column == "params" else "left")
+    for name in positions.names():
+        enc = positions.build(name, n_heads=heads, head_dim=head_dim, train_length=train_length)
+        per = enc.n_params()
+        params = f"{per:,} (one table)" if enc.shared_across_layers else f"{per * layers:,} ({layers} x {per:,})"
+        options = ", ".join(f"{k}={p.default}" for k, p in type(enc).options().items())
+        table.add_row(escape(name), enc.family, escape(enc.formula), params if per else "0", escape(options))
+    console.print(table)
+
+def _train(run_dir: Path, variants: list[str] | None, preset: str, dataset: str | None, seed: int | None,
+           steps: int | None, train_length: int | None, batch_size: int | None, lr: float | None,
+           device: str, force: bool) -> dict[str, Any]:
+    from relbench.data import load_splits
+    from relbench.train import train_run
+
+    specs = all_variants(variants)
+    model_config, train_config, eval_config = resolve(
+        preset, model={"train_length": train_length}, train={"seed": seed, "steps": steps, "batch_size": batch_size, "lr": lr})
+    target = resolve_device(device)
+    splits = load_splits(dataset)
+    run_config = {"preset": preset, "model": to_dict(model_config), "train": to_dict(train_config),
+                  "eval": to_dict(eval_config), "dataset": dataset or "sotu", "tokenizer": splits.tokenizer.name,
+                  "dataset_description": splits.description}
+    run_config["model"].pop("position")
+    config_path = Path(run_dir) / results.CONFIG
+    if config_path.is_file():
+        old = results.read_json(config_path)
+        differs = [key for key in ("model", "train", "dataset", "tokenizer") if old.get(key) != run_config[key]]
+        if differs:
+            raise UsageError(f"{run_dir} holds a run with a different {' and '.join(differs)} configuration "
+                             f"(preset {old.get('preset')}); use another --run-dir, or delete {run_dir} to start over")
+        known = old.get("variants", [])
+        run_config["variants"] = known + [s for s in specs if s not in known]
+    else:
+        run_config["variants"] = specs
+    run_config["environment"] = results.environment(str(target))
+    results.write_json(config_path, run_config)
+    console.print(f"training {len(specs)} variant(s) on {splits.description}: "
+                  f"{splits.sizes()['train']:,} train tokens; run directory {run_dir}")
+    train_run(Path(run_dir), specs, run_config, splits, target, force, console)
+    return run_config
+
+@app.command("train")
+def train_command(
+    variants: Variants = None,
+    preset: Annotated[str, typer.Option(help=f"Named preset: {', '.join(PRESETS)}.")] = DEFAULT_PRESET,
+    dataset: Annotated[str | None, typer.Option(help="A .txt file or folder of .txt files, .jsonl/.parquet with a "
+                                                "text column, or a hub name name[:config]. Default: the embedded corpus.")] = None,
+    run_dir: RunDir = results.DEFAULT_RUN_DIR,
+    seed: Annotated[int | None, typer.Option(help="Seed for initialisation and data order.")] = None,
+    steps: Annotated[int | None, typer.Option(help="Optimiser steps (overrides the preset).")] = None,
+    train_length: Annotated[int | None, typer.Option(help="Training context length (overrides the preset).")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Sequences per step (overrides the preset).")] = None,
+    lr: Annotated[float | None, typer.Option(help="Peak learning rate (overrides the preset).")] = None,
+    device: Device = "auto",
+    force: Annotated[bool, typer.Option(help="Train again variants that already have a finished checkpoint.")] = False,
+) -> None:
+    """Train one small causal LM per variant, with the same seed, data order and batches.
+
+    Example: relbench train --variants xl t5 alibi --preset quick
+    """
+    _train(run_dir, variants, preset, dataset, seed, steps, train_length, batch_size, lr, device, force)
+
+def _extrapolate(run_dir: Path, lengths: list[int] | None, variants: list[str] | None, attention: str,
+                 eval_tokens: int | None, device: str) -> None:
+    from relbench.data import load_splits
+    from relbench.evaluate import extrapolate_run, scored_stream, validate_lengths
+
+    config = results.require_run(run_dir)
+    resolve_backend(attention)
+    target = resolve_device(device)
+    train_length = int(config["model"]["train_length"])
+    specs = variants if variants else config.get("variants", [])
+    for spec in specs:
+        positions.parse_spec(spec)
+    seed = int(config["train"]["seed"])
+    trained = [s for s in specs if (results.read_meta(results.checkpoint_dir(run_dir, s, seed)) or {}).get("finished")]
+    missing = [s for s in specs if s not in trained]
+    if variants and missing:
+        raise RelbenchError(f"variant {missing[0]} has no finished checkpoint in {run_dir}; "
+                            f"run `relbench train --run-dir {run_dir} --variants {missing[0]}`")
+    if not trained:
+        raise RelbenchError(f"{run_dir} has no trained variant yet; run `relbench train --run-dir {run_dir}`")
+    splits = load_splits(None if config["dataset"] == "sotu" else config["dataset"])
+    lengths = validate_lengths(list(lengths) if lengths else [train_length, 4 * train_length, 16 * train_length],
+                               splits.test.size - 1)
+    eval_config = EvalConfig(**{**config.get("eval", {}), **({"eval_tokens": eval_tokens} if eval_tokens else {})})
+    stream = scored_stream(splits.test, lengths, eval_config.eval_tokens)
+    console.print(f"evaluating {len(trained)} variant(s) at lengths {', '.join(map(str, lengths))} on "
+                  f"{stream.numel() - 1:,} test tokens ({attention} attention, {target})")
+    extrapolate_run(Path(run_dir), trained, seed, lengths, stream, eval_config, attention, target, console)
+
+@app.command("extrapolate")
+def extrapolate_command(
+    lengths: Lengths = None,
+    variants: Variants = None,
+    run_dir: RunDir = results.DEFAULT_RUN_DIR,
+    attention: Attention = "auto",
+    eval_tokens: Annotated[int | None, typer.Option(help="Scored test tokens per length (default: the preset's).")] = None,
+    device: Device = "auto",
+) -> None:
+    """Perplexity of every trained variant at growing lengths, and the cost of bias and attention.
+
+    Example: relbench extrapolate --lengths 256 1024 4096
+    """
+    if eval_tokens is not None and eval_tokens < 1:
+        raise UsageError("--eval-tokens must be positive")
+    _extrapolate(run_dir, lengths, variants, attention, eval_tokens, device)
+
+@app.command("report")
+def report_command(run_dir: RunDir = results.DEFAULT_RUN_DIR) -> None:
+    """Tables of a run: perplexity by length, cost, training; writes report.md and a pivoted CSV.
+
+    Example: relbench report --run-dir runs/default
+    """
+    written = report.render(run_dir, console)
+    console.print(f"wrote {written['report']} and {written['pivot']}")
+
+@app.command("bench")
+def bench_command(
+    variants: Variants = None,
+    preset: Annotated[str, typer.Option(help=f"Named preset: {', '.join(PRESETS)}.")] = DEFAULT_PRESET,
+    lengths: Lengths = None,
+    run_dir: RunDir = results.DEFAULT_RUN_DIR,
+    device: Device = "auto",
+) -> None:
+    """Train, extrapolate and report in one go on the embedded corpus (the default preset: quick).
+
+    Example: relbench bench        (every variant, lengths 256 1024 4096, about 15 minutes on 2 cores)
+    """
+    config = _train(run_dir, variants, preset, None, None, None, None, None, None, device, False)
+    _extrapolate(run_dir, lengths, variants or config["variants"], "auto", None, device)
+    report_command(run_dir)
+
+def main() -> None:
+    app()
+

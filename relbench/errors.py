@@ -1,0 +1,28 @@
+"""Errors a user can act on. Library code raises these; only the CLI turns them into exit codes."""
+
+from __future__ import annotations
+
+import difflib
+
+
+class RelbenchError(Exception):
+    """A runtime problem with a message that says what is wrong and how to fix it (exit code 1)."""
+
+    exit_code = 1
+
+
+class UsageError(RelbenchError):
+    """The user asked for something that cannot be done as asked (exit code 2)."""
+
+    exit_code = 2
+
+
+def did_you_mean(word: str, choices: list[str]) -> str:
+    """' (did you mean "x"?)' for the closest of `choices`, or '' when none is close."""
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.5)
+    return f' (did you mean "{close[0]}"?)' if close else ""
+
+
+def unknown(kind: str, word: str, choices: list[str]) -> UsageError:
+    """A UsageError for an unknown name that suggests the closest one and lists them all."""
+    return UsageError(f'unknown {kind} "{word}"{did_you_mean(word, choices)}; choose from: {", ".join(choices)}')

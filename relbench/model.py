@@ -1,0 +1,123 @@
+"""A small pre-LayerNorm GPT whose position scheme is chosen by name.
+
+    from relbench.model import GPT, ModelConfig
+    model = GPT(ModelConfig(vocab_size=256, position="alibi"))
+    logits = model(tokens)            # tokens (B, L) int64 -> logits (B, L, V)
+
+Every variant shares the same token embedding (tied to the output layer), blocks and
+initialisation; parameters are initialised per name, so two models with the same seed start
+from identical weights wherever their parameters coincide.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import torch
+from torch import Tensor, nn
+
+from relbench import positions
+from relbench.attention import attention
+from relbench.config import ModelConfig
+from relbench.positions.base import PositionEncoding
+
+__all__ = ["GPT", "ModelConfig"]
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.n_heads = config.n_heads
+        self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=False)
+        self.proj = nn.Linear(config.d_model, config.d_model, bias=False)
+
+    def forward(self, x: Tensor, position: PositionEncoding, bias: Tensor | None, backend: str) -> Tensor:
+        B, L, D = x.shape
+        q, k, v = self.qkv(x).view(B, L, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)  # (B, H, L, Dh) each
+        q, k = position.rotate(q, k)
+        y = attention(q, k, v, position=position, backend=backend, bias=bias)  # (B, H, L, Dh)
+        return self.proj(y.transpose(1, 2).reshape(B, L, D))                  # (B, L, D)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        hidden = int(config.mlp_ratio * config.d_model)
+        self.fc = nn.Linear(config.d_model, hidden, bias=False)
+        self.proj = nn.Linear(hidden, config.d_model, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.proj(nn.functional.gelu(self.fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.ln_attn = nn.LayerNorm(config.d_model)
+        self.attn = SelfAttention(config)
+        self.ln_mlp = nn.LayerNorm(config.d_model)
+        self.mlp = MLP(config)
+
+    def forward(self, x: Tensor, position: PositionEncoding, bias: Tensor | None, backend: str) -> Tensor:
+        x = x + self.attn(self.ln_attn(x), position, bias, backend)
+        return x + self.mlp(self.ln_mlp(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config: ModelConfig, seed: int = 0):
+        super().__init__()
+        self.config = config
+        name, options = positions.parse_spec(config.position)
+        options.update(config.position_options)
+        cls = positions.get(name)
+        shape = dict(n_heads=config.n_heads, head_dim=config.head_dim, d_model=config.d_model,
+                     train_length=config.train_length)
+        copies = 1 if cls.shared_across_layers else config.n_layers
+        self.positions = nn.ModuleList(positions.build(name, **shape, **options) for _ in range(copies))
+        self.tok = nn.Embedding(config.vocab_size, config.d_model)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.ln_out = nn.LayerNorm(config.d_model)
+        self.reset_parameters(seed)
+
+    def position(self, layer: int) -> PositionEncoding:
+        """The encoding layer `layer` uses (the same object for every layer when shared)."""
+        return self.positions[0] if len(self.positions) == 1 else self.positions[layer]
+
+    @property
+    def max_length(self) -> int | None:
+        return self.positions[0].max_length
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        B, L = tokens.shape
+        x = self.tok(tokens)                                       # (B, L, D)
+        first = self.positions[0]
+        first.check_length(L)
+        absolute = first.embed(L)
+        if absolute is not None:
+            x = x + absolute.to(x.dtype)                           # (L, D) broadcast over B
+        # a bias shared by all layers is built once per forward pass
+        shared_bias = first.bias(L, L) if len(self.positions) == 1 else None  # (H, L, L) or None
+        for i, block in enumerate(self.blocks):
+            x = block(x, self.position(i), shared_bias, self.config.attention)
+        x = self.ln_out(x)
+        return torch.matmul(x, self.tok.weight.t())               # (B, L, V), tied embedding
+
+    @torch.no_grad()
+    def reset_parameters(self, seed: int = 0) -> None:
+        """Initialise every parameter from a generator seeded by (seed, parameter name)."""
+        residual_std = 0.02 / math.sqrt(2 * self.config.n_layers)   # GPT-2's scaled residual init
+        for module_name, module in self.named_modules():
+            generator = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(module_name.encode()))
+            if isinstance(module, PositionEncoding):
+                module.reset_parameters(generator)
+            elif isinstance(module, (nn.Linear, nn.Embedding)):
+                std = residual_std if module_name.endswith(("attn.proj", "mlp.proj")) else 0.02
+                module.weight.copy_(torch.randn(module.weight.shape, generator=generator) * std)
+            elif isinstance(module, nn.LayerNorm):
+                module.weight.fill_(1.0)
+                module.bias.zero_()
+
+    def n_params(self, positions_only: bool = False) -> int:
+        params = self.positions.parameters() if positions_only else self.parameters()
+        return sum(p.numel() for p in params)

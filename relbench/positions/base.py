@@ -1,0 +1,199 @@
+"""The position-encoding interface every variant implements, and the registry that names them.
+
+A variant is one `PositionEncoding` subclass decorated with `@register("name")`. The model only
+talks to this interface; nothing outside `positions/` branches on a variant's name.
+
+Shapes: queries are the LAST `q_len` of `k_len` positions, so a chunk of queries at the end of a
+longer context (chunked evaluation, decoding) uses the same code as a full square attention.
+"""
+
+from __future__ import annotations
+
+import abc
+import inspect
+import math
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from relbench.errors import UsageError, unknown
+
+_REGISTRY: dict[str, type["PositionEncoding"]] = {}
+
+
+class PositionEncoding(nn.Module):
+    """Base class: no position information at all. Subclasses override what their scheme needs."""
+
+    name: ClassVar[str] = ""
+    family: ClassVar[str] = ""               # "none", "absolute", "rotary", "relative bias", "relative vector"
+    formula: ClassVar[str] = ""              # one line, shown by `relbench variants`
+    shared_across_layers: ClassVar[bool] = True   # one instance serves every layer (T5, ALiBi, absolute)
+    relative: ClassVar[bool] = False         # attention depends on positions only through i - j
+
+    def __init__(self, n_heads: int, head_dim: int, d_model: int, train_length: int):
+        super().__init__()
+        self.n_heads = n_heads
+        self.head_dim = head_dim
+        self.d_model = d_model
+        self.train_length = train_length
+
+    # ---- what the model asks of a position scheme -------------------------------------------------
+    @property
+    def max_length(self) -> int | None:
+        """Longest sequence the scheme can represent, or None when any length works."""
+        return None
+
+    def embed(self, length: int) -> Tensor | None:
+        """(length, d_model) absolute embeddings added to the token embeddings, or None."""
+        return None
+
+    def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """Position-dependent transform of q (B, H, Lq, D) and k (B, H, Lk, D); identity here."""
+        return q, k
+
+    def bias(self, q_len: int, k_len: int) -> Tensor | None:
+        """(H, q_len, k_len) additive logits bias that does not depend on content, or None."""
+        return None
+
+    def query_bias(self, q: Tensor, k_len: int) -> Tensor | None:
+        """(B, H, Lq, k_len) additive logits bias that depends on the queries (Shaw), or None."""
+        return None
+
+    def reset_parameters(self, generator: torch.Generator) -> None:
+        """Initialise the scheme's own parameters from `generator` (deterministic per seed)."""
+
+    # ---- helpers ----------------------------------------------------------------------------------
+    def n_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def check_length(self, length: int) -> None:
+        if self.max_length is not None and length > self.max_length:
+            raise UnsupportedLength(
+                f'"{self.name}" represents positions below {self.max_length} only; length {length} is beyond it')
+
+    @staticmethod
+    def query_positions(q_len: int, k_len: int, device=None) -> Tensor:
+        """Absolute positions of the queries: the last q_len of k_len."""
+        return torch.arange(k_len - q_len, k_len, device=device)
+
+    @classmethod
+    def options(cls) -> dict[str, inspect.Parameter]:
+        """The variant's own keyword options (beyond the shared shape arguments), with defaults."""
+        shared = {"self", "n_heads", "head_dim", "d_model", "train_length"}
+        return {n: p for n, p in inspect.signature(cls.__init__).parameters.items() if n not in shared}
+
+    def extra_repr(self) -> str:
+        return f"heads={self.n_heads}"
+
+
+class UnsupportedLength(UsageError):
+    """The scheme has no representation for a length (learned absolute embeddings past training)."""
+
+
+class RelativeBias(PositionEncoding, abc.ABC):
+    """A bias that is a function of the distance i - j (query position minus key position) alone.
+
+    Subclasses implement `distance_bias`; `bias` evaluates it on the (q_len, k_len) grid.
+    """
+
+    family = "relative bias"
+    relative = True
+
+    @abc.abstractmethod
+    def distance_bias(self, distance: Tensor) -> Tensor:
+        """(H, *distance.shape) bias for integer distances i - j (>= 0 for past keys)."""
+
+    def bias(self, q_len: int, k_len: int) -> Tensor:
+        device = self.device
+        distance = self.query_positions(q_len, k_len, device)[:, None] - torch.arange(k_len, device=device)[None, :]
+        return self.distance_bias(distance)  # (H, q_len, k_len)
+
+    @property
+    def device(self) -> torch.device:
+        for tensor in list(self.parameters()) + list(self.buffers()):
+            return tensor.device
+        return torch.device("cpu")
+
+
+def register(name: str):
+    """Class decorator: make a PositionEncoding subclass available as `name`."""
+
+    def decorate(cls: type[PositionEncoding]) -> type[PositionEncoding]:
+        if name in _REGISTRY:
+            raise ValueError(f"position variant {name!r} registered twice")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return decorate
+
+
+def names() -> list[str]:
+    """Sorted names of every registered variant."""
+    return sorted(_REGISTRY)
+
+
+def get(name: str) -> type[PositionEncoding]:
+    """The class registered as `name`; an unknown name raises a UsageError listing the names."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise unknown("position variant", name, names()) from None
+
+
+def build(name: str, n_heads: int = 8, head_dim: int = 64, d_model: int | None = None,
+          train_length: int = 256, **options: Any) -> PositionEncoding:
+    """Construct variant `name` for a model of this shape, with the variant's own `options`."""
+    cls = get(name)
+    allowed = cls.options()
+    for key in options:
+        if key not in allowed:
+            raise unknown(f'option of "{name}"', key, sorted(allowed) or ["(none)"])
+    d_model = n_heads * head_dim if d_model is None else d_model
+    return cls(n_heads=n_heads, head_dim=head_dim, d_model=d_model, train_length=train_length, **options)
+
+
+# ---- variant specs: "xl" or "xl:k=64,shared_heads=true" ---------------------------------------------
+def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """Split a variant spec "name[:key=value,...]" into the name and typed options."""
+    name, _, rest = spec.strip().partition(":")
+    cls = get(name)
+    allowed = cls.options()
+    options: dict[str, Any] = {}
+    for item in filter(None, (s.strip() for s in rest.split(","))):
+        key, eq, raw = item.partition("=")
+        key = key.strip()
+        if not eq:
+            raise UsageError(f'option "{item}" in variant "{spec}" needs a value: write {key}=VALUE')
+        if key not in allowed:
+            raise unknown(f'option of "{name}"', key, sorted(allowed) or ["(none)"])
+        options[key] = _convert(raw.strip(), allowed[key], spec)
+    return name, options
+
+
+def _convert(raw: str, param: inspect.Parameter, spec: str) -> Any:
+    kind = type(param.default) if param.default is not inspect.Parameter.empty else str
+    try:
+        if kind is bool:
+            if raw.lower() in {"1", "true", "yes", "on"}:
+                return True
+            if raw.lower() in {"0", "false", "no", "off"}:
+                return False
+            raise ValueError
+        if kind is int:
+            return int(raw)
+        if kind is float:
+            value = float(raw)
+            if not math.isfinite(value):
+                raise ValueError
+            return value
+        return raw
+    except ValueError:
+        raise UsageError(f'option {param.name}={raw} in variant "{spec}" is not a valid {kind.__name__}') from None
+
+
+def build_spec(spec: str, **shape: Any) -> PositionEncoding:
+    """Build from a spec string such as "t5:bidirectional=true"."""
+    name, options = parse_spec(spec)
+    return build(name, **shape, **options)

@@ -1,0 +1,52 @@
+"""Rotary position embeddings (Su et al. 2021, "RoFormer: Enhanced Transformer with Rotary
+Position Embedding"): rotate pairs of query and key channels by an angle proportional to the
+position, so that q_i . k_j depends on positions only through i - j."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from relbench.errors import UsageError
+from relbench.positions.base import PositionEncoding, register
+
+
+def rope_angles(positions: Tensor, head_dim: int, base: float = 10000.0) -> tuple[Tensor, Tensor]:
+    """cos and sin, each (len(positions), head_dim // 2), of theta_p,i = p * base^(-2i/head_dim).
+    Computed in float32 whatever the model's dtype (large p * theta loses precision in bf16)."""
+    inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim)
+    angle = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # (L, D/2)
+    return angle.cos(), angle.sin()
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate x (..., L, D) channel pairs (i, i + D/2) (the GPT-NeoX layout) by the angles."""
+    x_f = x.float()
+    half = x_f.shape[-1] // 2
+    x1, x2 = x_f[..., :half], x_f[..., half:]                          # (..., L, D/2) each
+    rotated = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)  # (..., L, D)
+    return rotated.type_as(x)
+
+
+@register("rope")
+class Rotary(PositionEncoding):
+    """RoPE on queries and keys, base 10000, all channels of each head rotated."""
+
+    family = "rotary"
+    formula = "q_i, k_j rotated by angle p * 10000^(-2c/d)  =>  q_i.k_j depends on i - j"
+    relative = True
+
+    def __init__(self, n_heads: int, head_dim: int, d_model: int, train_length: int, base: float = 10000.0):
+        super().__init__(n_heads, head_dim, d_model, train_length)
+        if head_dim % 2:
+            raise UsageError(f"rope rotates channel pairs and needs an even head dimension, got {head_dim}")
+        self.base = base
+
+    def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        q_len, k_len = q.shape[-2], k.shape[-2]
+        cos, sin = rope_angles(torch.arange(k_len, device=k.device), self.head_dim, self.base)  # (Lk, D/2)
+        q_rot = apply_rotary(q, cos[k_len - q_len:], sin[k_len - q_len:])  # queries: last q_len positions
+        return q_rot, apply_rotary(k, cos, sin)
+
+    def extra_repr(self) -> str:
+        return f"base={self.base:g}"

@@ -1,0 +1,72 @@
+"""The T5 relative position bias (Raffel et al. 2020, "Exploring the Limits of Transfer Learning
+with a Unified Text-to-Text Transformer", sec. 2.1; mesh-tensorflow's `_relative_position_bucket`):
+a learned scalar per head for each of 32 buckets of relative distance, shared by all layers."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from relbench.errors import UsageError
+from relbench.positions.base import RelativeBias, register
+
+
+def relative_position_bucket(relative_position: Tensor, bidirectional: bool = True,
+                             num_buckets: int = 32, max_distance: int = 128) -> Tensor:
+    """Bucket of each relative_position = key position - query position, as in T5.
+
+    Unidirectional: only n = query - key >= 0 (past keys) is distinguished; future keys share
+    bucket 0. Bidirectional: half of the buckets go to future keys (offset num_buckets // 2).
+    Within a direction's `nb` buckets, distances below nb // 2 get their own bucket; the rest are
+    spaced logarithmically up to `max_distance`, and every farther distance is in the last bucket.
+    """
+    n = -relative_position.long()                       # query - key
+    offset = torch.zeros_like(n)
+    if bidirectional:
+        num_buckets //= 2
+        offset = (n < 0).long() * num_buckets            # keys after the query: the upper half
+        n = n.abs()
+    else:
+        n = n.clamp(min=0)
+    max_exact = num_buckets // 2
+    # log-spaced region, computed on n >= max_exact only (clamp keeps log() finite elsewhere)
+    scaled = torch.log(n.clamp(min=max_exact).float() / max_exact) / math.log(max_distance / max_exact)
+    large = (max_exact + (scaled * (num_buckets - max_exact)).long()).clamp(max=num_buckets - 1)
+    return offset + torch.where(n < max_exact, n, large)
+
+
+@register("t5")
+class T5Bias(RelativeBias):
+    """T5's bucketed bias: 32 buckets, max distance 128, one scalar per bucket and head, one table
+    shared by every layer. Causal models use the unidirectional buckets; `bidirectional=true`
+    gives future keys their own half of the buckets (as in T5's encoder)."""
+
+    formula = "b = T[bucket(i-j), h]; 16 exact buckets, 16 log-spaced to 128, then constant"
+    shared_across_layers = True
+
+    def __init__(self, n_heads: int, head_dim: int, d_model: int, train_length: int,
+                 num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = False):
+        super().__init__(n_heads, head_dim, d_model, train_length)
+        half = num_buckets // 2 if bidirectional else num_buckets
+        if half < 2 or max_distance <= half // 2:
+            raise UsageError(f"t5 needs num_buckets >= {4 if bidirectional else 2} and max_distance above "
+                             f"the exact buckets; got num_buckets={num_buckets}, max_distance={max_distance}")
+        self.num_buckets = num_buckets
+        self.max_distance = max_distance
+        self.bidirectional = bidirectional
+        self.table = nn.Parameter(torch.zeros(num_buckets, n_heads))  # (buckets, H)
+
+    def distance_bias(self, distance: Tensor) -> Tensor:
+        bucket = relative_position_bucket(-distance, self.bidirectional, self.num_buckets, self.max_distance)
+        return self.table[bucket].movedim(-1, 0)  # (H, *shape)
+
+    def reset_parameters(self, generator: torch.Generator) -> None:
+        # T5 initialises the relative attention bias from N(0, 1) * factor with factor 1.0 (HF's
+        # T5PreTrainedModel); a causal LM from scratch trains more stably from a small start.
+        with torch.no_grad():
+            self.table.copy_(torch.randn(self.table.shape, generator=generator) * 0.02)
+
+    def extra_repr(self) -> str:
+        return f"buckets={self.num_buckets}, max_distance={self.max_distance}, bidirectional={self.bidirectional}"

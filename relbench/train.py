@@ -1,0 +1,184 @@
+"""Training: one small causal LM per variant, same seed, same data order, same batches.
+
+Batches are drawn from a generator seeded by (seed, step), independent of the model, so every
+variant sees exactly the same token windows in the same order. Validation uses fixed windows
+spread evenly over the validation split.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+from relbench import positions, results
+from relbench.config import ModelConfig, TrainConfig, to_dict
+from relbench.data import Splits
+from relbench.errors import RelbenchError
+from relbench.model import GPT
+
+
+def batch_at(tokens: torch.Tensor, step: int, seed: int, batch_size: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and targets (B, L) of training step `step`: random windows of length L + 1, drawn
+    from a generator seeded by (seed, step) so any step's batch can be recomputed."""
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    starts = torch.randint(0, tokens.numel() - length - 1, (batch_size,), generator=generator)  # (B,)
+    window = tokens[starts[:, None] + torch.arange(length + 1)].long()                         # (B, L + 1)
+    return window[:, :-1], window[:, 1:]
+
+
+def validation_windows(tokens: torch.Tensor, n_batches: int, batch_size: int, length: int) -> list[torch.Tensor]:
+    """Fixed (B, L + 1) windows spread evenly over the validation split."""
+    count = n_batches * batch_size
+    last = tokens.numel() - length - 1
+    if last < 0:
+        raise RelbenchError(f"the validation split ({tokens.numel()} tokens) is shorter than one training "
+                            f"window ({length + 1}); use a shorter --train-length or a larger dataset")
+    starts = torch.linspace(0, last, count).long()
+    windows = tokens[starts[:, None] + torch.arange(length + 1)].long()
+    return list(windows.split(batch_size))
+
+
+def lr_at(step: int, config: TrainConfig) -> float:
+    """Linear warm-up to the peak, then cosine decay to peak * min_lr_ratio at the last step."""
+    if step < config.warmup_steps:
+        return config.lr * (step + 1) / config.warmup_steps
+    span = max(1, config.steps - config.warmup_steps - 1)
+    progress = min(1.0, (step - config.warmup_steps) / span)
+    floor = config.lr * config.min_lr_ratio
+    return floor + 0.5 * (config.lr - floor) * (1 + math.cos(math.pi * progress))
+
+
+def make_optimizer(model: GPT, config: TrainConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on weight matrices only. Position parameters are not decayed and
+    learn `position_lr_scale` times faster (see TrainConfig)."""
+    position = list(model.positions.parameters())
+    position_ids = {id(p) for p in position}
+    decay = [p for p in model.parameters() if p.dim() >= 2 and id(p) not in position_ids]
+    rest = [p for p in model.parameters() if p.dim() < 2 and id(p) not in position_ids]
+    groups = [{"params": decay, "weight_decay": config.weight_decay, "lr_scale": 1.0},
+              {"params": rest, "weight_decay": 0.0, "lr_scale": 1.0},
+              {"params": position, "weight_decay": 0.0, "lr_scale": config.position_lr_scale}]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=config.lr, betas=(0.9, 0.95), eps=1e-8)
+
+
+@torch.no_grad()
+def validation_loss(model: GPT, windows: list[torch.Tensor], device: torch.device) -> float:
+    model.eval()
+    total, count = 0.0, 0
+    for window in windows:
+        window = window.to(device)
+        logits = model(window[:, :-1])
+        total += float(F.cross_entropy(logits.float().flatten(0, 1), window[:, 1:].flatten(), reduction="sum"))
+        count += window[:, 1:].numel()
+    model.train()
+    return total / count
+
+
+def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, splits: Splits,
+                  device: torch.device, progress: Progress | None = None) -> tuple[GPT, list[dict[str, Any]], dict[str, Any]]:
+    """Train variant `spec` from scratch; returns the model, the loss-curve rows and a summary."""
+    model_config = dataclasses.replace(model_config, position=spec)
+    model = GPT(model_config, seed=config.seed).to(device)
+    model.train()
+    optimizer = make_optimizer(model, config)
+    train_tokens = torch.from_numpy(splits.train)
+    val_windows = validation_windows(torch.from_numpy(splits.validation), config.eval_batches,
+                                     config.batch_size, model_config.train_length)
+    tokens_per_step = config.batch_size * model_config.train_length
+    task = progress.add_task(spec, total=config.steps, loss="-", val="-", speed="-") if progress else None
+    rows: list[dict[str, Any]] = []
+    running, running_n = 0.0, 0
+    start = time.perf_counter()
+    val = float("nan")
+    for step in range(config.steps):
+        lr = lr_at(step, config)
+        for group in optimizer.param_groups:
+            group["lr"] = lr * group["lr_scale"]
+        x, y = batch_at(train_tokens, step, config.seed, config.batch_size, model_config.train_length)
+        logits = model(x.to(device))                                           # (B, L, V)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), y.to(device).flatten())
+        if not torch.isfinite(loss):
+            raise RelbenchError(f'training "{spec}" diverged at step {step} (loss {float(loss)}); '
+                                f"try a lower --lr")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        optimizer.step()
+        running += loss.item()
+        running_n += 1
+        done = step + 1
+        last = done == config.steps
+        if done % config.eval_every == 0 or last:
+            val = validation_loss(model, val_windows, device)
+        if done % max(1, config.steps // 50) == 0 or done % config.eval_every == 0 or last:
+            elapsed = time.perf_counter() - start
+            rows.append({"variant": spec, "seed": config.seed, "step": done, "tokens": done * tokens_per_step,
+                         "lr": lr, "train_loss": running / running_n,
+                         "val_loss": val if (done % config.eval_every == 0 or last) else float("nan"),
+                         "elapsed_s": elapsed, "tokens_per_s": done * tokens_per_step / elapsed})
+            running, running_n = 0.0, 0
+        if progress is not None:
+            elapsed = time.perf_counter() - start
+            progress.update(task, completed=done, loss=f"{loss.item():.3f}",
+                            val=f"{val:.3f}" if math.isfinite(val) else "-",
+                            speed=f"{done * tokens_per_step / elapsed:,.0f}")
+    seconds = time.perf_counter() - start
+    summary = {"variant": spec, "seed": config.seed, "steps": config.steps, "val_loss": val,
+               "train_seconds": seconds, "tokens_per_s": config.steps * tokens_per_step / seconds,
+               "n_params": model.n_params(), "position_params": model.n_params(positions_only=True)}
+    return model, rows, summary
+
+
+def make_progress(console: Console) -> Progress:
+    return Progress(TextColumn("[bold]{task.description:<12}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                    TextColumn("loss {task.fields[loss]}"), TextColumn("val {task.fields[val]}"),
+                    TextColumn("{task.fields[speed]} tok/s"), TimeRemainingColumn(), console=console)
+
+
+def train_run(run_dir: Path, specs: list[str], run_config: dict[str, Any], splits: Splits, device: torch.device,
+              force: bool, console: Console) -> list[dict[str, Any]]:
+    """Train every variant in `specs` that has no finished checkpoint (all of them with `force`),
+    saving each checkpoint and the loss curve as soon as the variant finishes."""
+    model_config = ModelConfig(**run_config["model"])
+    train_config = TrainConfig(**run_config["train"])
+    for spec in specs:  # fail on a bad variant or option before any training starts
+        positions.build_spec(spec, n_heads=model_config.n_heads, head_dim=model_config.head_dim,
+                             d_model=model_config.d_model, train_length=model_config.train_length)
+    summaries = []
+    with make_progress(console) as progress:
+        for spec in specs:
+            folder = results.checkpoint_dir(run_dir, spec, train_config.seed)
+            meta = results.read_meta(folder)
+            if meta and meta.get("finished") and not force:
+                progress.console.print(f"{spec}: already trained ({folder}); --force trains it again")
+                summaries.append(meta["summary"])
+                continue
+            model, rows, summary = train_variant(spec, model_config, train_config, splits, device, progress)
+            meta = {"variant": spec, "seed": train_config.seed, "finished": True, "summary": summary,
+                    "model": to_dict(model.config), "train": to_dict(train_config), "dataset": run_config["dataset"]}
+            results.save_checkpoint(folder, model, meta)
+            _append_train_rows(Path(run_dir) / results.TRAIN_CSV, spec, train_config.seed, rows)
+            progress.console.print(f"{spec}: validation loss {summary['val_loss']:.4f} after {summary['steps']} steps, "
+                                   f"{summary['train_seconds']:.0f} s, {summary['tokens_per_s']:,.0f} tokens/s")
+            summaries.append(summary)
+    return summaries
+
+
+def _append_train_rows(path: Path, spec: str, seed: int, rows: list[dict[str, Any]]) -> None:
+    new = pd.DataFrame(rows)
+    if path.is_file():
+        old = results.read_csv(path)
+        old = old[~((old["variant"] == spec) & (old["seed"] == seed))]
+        new = pd.concat([old, new], ignore_index=True)
+    results.write_csv(path, new)
+
+

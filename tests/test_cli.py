@@ -1,0 +1,111 @@
+"""The command line: the train -> extrapolate -> report chain, and one-line errors."""
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from relbench.cli import app, spread_variadic
+
+runner = CliRunner()
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("run")
+    result = run("train", "--preset", "tiny", "--variants", "alibi", "learned", "xl", "--run-dir", run_dir)
+    assert result.exit_code == 0, result.output
+    return run_dir
+
+
+def test_chain_train_extrapolate_report(trained):
+    result = run("extrapolate", "--run-dir", trained, "--lengths", 32, 128)
+    assert result.exit_code == 0, result.output
+    rows = pd.read_csv(trained / "extrapolation.csv")
+    assert len(rows) == 6  # 3 variants x 2 lengths
+    assert set(rows["status"]) == {"ok", "unsupported"}
+    learned_long = rows[(rows["variant"] == "learned") & (rows["length"] == 128)].iloc[0]
+    assert learned_long["status"] == "unsupported" and pd.isna(learned_long["ppl"])
+    ok = rows[rows["status"] == "ok"]
+    assert (ok["ppl"] > 1).all() and (ok["ppl"] < 256).all()
+    assert (ok["n_tokens"] == ok["n_tokens"].iloc[0]).all()  # the same scored tokens at every length
+    assert (ok["attention_ms"] > 0).all()
+
+    result = run("report", "--run-dir", trained)
+    assert result.exit_code == 0, result.output
+    assert "Perplexity" in result.output and "alibi" in result.output and "unsupported" in result.output
+    report = (trained / "report.md").read_text()
+    assert "| alibi |" in report and "L=128" in report
+    pivot = pd.read_csv(trained / "extrapolation_pivot.csv")
+    alibi = pivot.set_index("variant").loc["alibi"]
+    assert alibi["ratio@32"] == pytest.approx(1.0)
+    assert alibi["ratio@128"] == pytest.approx(alibi["ppl@128"] / alibi["ppl@32"])
+
+
+def test_train_again_skips_finished_variants(trained):
+    result = run("train", "--preset", "tiny", "--variants", "alibi", "--run-dir", trained)
+    assert result.exit_code == 0, result.output
+    assert "already trained" in result.output
+
+
+def test_train_csv_has_a_loss_curve(trained):
+    curve = pd.read_csv(trained / "train.csv")
+    assert set(curve["variant"]) == {"alibi", "learned", "xl"}
+    alibi = curve[curve["variant"] == "alibi"].sort_values("step")
+    assert alibi["train_loss"].iloc[-1] < alibi["train_loss"].iloc[0]  # training lowers the loss
+    assert alibi["val_loss"].notna().any()
+
+
+def assert_one_line_error(result, code, *fragments):
+    assert result.exit_code == code, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.output
+    assert "Traceback" not in result.output
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def test_unknown_variant(tmp_path):
+    result = run("train", "--preset", "tiny", "--variants", "alibbi", "--run-dir", tmp_path / "r")
+    assert_one_line_error(result, 2, 'unknown position variant "alibbi"', 'did you mean "alibi"')
+
+
+def test_unknown_preset(tmp_path):
+    assert_one_line_error(run("train", "--preset", "tinny", "--run-dir", tmp_path / "r"), 2, 'did you mean "tiny"')
+
+
+@pytest.mark.parametrize("lengths, fragment", [(["0"], "positive"), (["-5"], "positive"), (["abc"], "Invalid value for '--lengths'"),
+                                               (["32", "32"], "twice")])
+def test_bad_lengths(trained, lengths, fragment):
+    result = run("extrapolate", "--run-dir", trained, "--lengths", *lengths)
+    assert_one_line_error(result, 2, fragment)
+
+
+def test_missing_run_directory(tmp_path):
+    assert_one_line_error(run("extrapolate", "--run-dir", tmp_path / "nope"), 1, "does not exist")
+    assert_one_line_error(run("report", "--run-dir", tmp_path), 1, "not a relbench run")
+
+
+def test_help_has_an_example():
+    for command in ("train", "extrapolate", "report", "bench", "variants"):
+        result = run(command, "-h")
+        assert result.exit_code == 0 and "Example" in result.output
+
+
+def test_variants_lists_every_variant_with_parameters():
+    result = runner.invoke(app, ["variants", "--heads", "8"], env={"COLUMNS": "250"})
+    assert result.exit_code == 0
+    for name in ("alibi", "xl", "t5", "shaw", "rope", "learned", "sinusoidal", "none"):
+        assert name in result.output
+    assert "4 x 2,056" in result.output  # xl: (2*128+1) x 8 per layer, 4 layers
+    assert "T[clamp(i-j, -k, k) + k, h]" in result.output  # formulas are not eaten as markup
+
+
+def test_spread_variadic():
+    assert spread_variadic(["extrapolate", "--lengths", "1", "2,3", "--run-dir", "x"]) == [
+        "extrapolate", "--lengths", "1", "--lengths", "2", "--lengths", "3", "--run-dir", "x"]
+    assert spread_variadic(["x", "--lengths", "-5"]) == ["x", "--lengths", "-5"]
+    assert spread_variadic(["x", "--lengths"]) == ["x", "--lengths"]

@@ -1,0 +1,99 @@
+"""The GPT with every variant: shapes, causality, lengths beyond training, gradients, backends."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from relbench import positions
+from relbench.attention import attention
+from relbench.model import GPT, ModelConfig
+from relbench.positions.base import UnsupportedLength
+
+ALL = positions.names()
+TRAIN_LENGTH = 16
+
+
+def tiny(name, **overrides):
+    config = dict(vocab_size=256, d_model=32, n_layers=2, n_heads=4, train_length=TRAIN_LENGTH, position=name)
+    config.update(overrides)
+    return GPT(ModelConfig(**config), seed=0)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_output_shape(name):
+    logits = tiny(name)(torch.randint(0, 256, (2, TRAIN_LENGTH)))
+    assert logits.shape == (2, TRAIN_LENGTH, 256)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_causal(name):
+    """Changing token t never changes the logits at positions before t."""
+    model = tiny(name).eval()
+    tokens = torch.randint(0, 256, (1, TRAIN_LENGTH))
+    changed = tokens.clone()
+    t = 9
+    changed[0, t] = (tokens[0, t] + 1) % 256
+    with torch.no_grad():
+        a, b = model(tokens), model(changed)
+    torch.testing.assert_close(a[:, :t], b[:, :t])
+    assert not torch.allclose(a[:, t:], b[:, t:])
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_lengths_beyond_training(name):
+    model = tiny(name).eval()
+    tokens = torch.randint(0, 256, (1, 4 * TRAIN_LENGTH))
+    if model.max_length is not None:
+        assert model.max_length == TRAIN_LENGTH
+        with pytest.raises(UnsupportedLength):
+            model(tokens)
+    else:
+        with torch.no_grad():
+            assert torch.isfinite(model(tokens)).all()
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_gradients_reach_every_position_parameter(name):
+    model = tiny(name)
+    with torch.no_grad():  # leave the near-zero init so every parameter has a visible effect
+        for p in model.positions.parameters():
+            p.normal_(0, 0.5)
+    tokens = torch.randint(0, 256, (2, TRAIN_LENGTH + 1))
+    loss = F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
+    loss.backward()
+    for pname, p in model.positions.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, pname
+
+
+@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("q_len", [7, 20])
+def test_sdpa_matches_reference(name, q_len):
+    enc = positions.build(name, n_heads=4, head_dim=8, train_length=64)
+    enc.reset_parameters(torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for p in enc.parameters():
+            p.normal_(0, 0.5)
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(2, 4, q_len, 8, generator=g)
+    k, v = torch.randn(2, 2, 4, 20, 8, generator=g)
+    q, k = enc.rotate(q, k)
+    ref = attention(q, k, v, position=enc, backend="reference")
+    torch.testing.assert_close(attention(q, k, v, position=enc, backend="sdpa"), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_same_initial_weights_for_shared_parameters():
+    a, b = tiny("xl"), tiny("alibi")
+    shared = dict(b.named_parameters())
+    for pname, p in a.named_parameters():
+        if not pname.startswith("positions."):
+            torch.testing.assert_close(p, shared[pname])
+
+
+def test_t5_table_is_shared_by_layers_and_xl_is_per_layer():
+    assert len(tiny("t5").positions) == 1
+    assert len(tiny("xl").positions) == 2
+
+
+def test_spec_options_reach_the_encoding():
+    model = tiny("xl:k=5")
+    assert model.position(0).k == 5 and model.position(0).table.shape == (11, 4)
