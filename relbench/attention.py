@@ -1,11 +1,22 @@
-"""Causal attention with an optional position bias, behind one function.
+"""Causal attention with a position bias, behind one function.
 
-q, k, v are (B, H, L, D) with queries the LAST Lq of the Lk key positions. Backends:
+    attention(q, k, v, position=enc, backend="auto")      # q, k, v: (B, H, L, D)
 
-- `reference`: materialise the scores, add the bias, mask, softmax (the seed's path; the
-  baseline every other path is tested against).
-- `sdpa`: torch's scaled_dot_product_attention; `is_causal` without a bias, a float mask
-  (bias + causal -inf) with one.
+Queries are the LAST Lq of the Lk key positions. The scheme's bias comes as a BiasPlan
+(positions/plan.py); each backend takes from it what it needs:
+
+- `reference`: the seed's path. Materialise the (H, Lq, Lk) bias and the scores, add, mask,
+  softmax. Every other path is tested against it.
+- `sdpa`: torch's scaled_dot_product_attention, `is_causal` without a bias, a float mask
+  (bias + causal -inf, materialised) with one.
+- `chunked`: queries in blocks; each block builds only its rows of the bias and skips the keys
+  after its last query. Memory O(block x L); works for every scheme, with autograd.
+- `split`: exact decomposition for biases that become constant beyond a horizon K (xl, t5, shaw)
+  or are linear in distance (alibi). Far keys go through the fused unbiased kernel, the band of
+  near keys gets the bias, and the two are merged by their log-sum-exp. CPU inference only.
+- `flex`: FlexAttention with the scheme's score_mod and a causal block mask, compiled. Inference
+  on CPU (torch has no FlexAttention backward on CPU); training and inference on CUDA.
+- `auto`: the fastest exact path for the device, the mode and the scheme (`choose`).
 """
 
 from __future__ import annotations
@@ -16,65 +27,218 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from relbench.errors import unknown
+from relbench.errors import UsageError, unknown
 from relbench.positions.base import PositionEncoding
+from relbench.positions.plan import BiasPlan, distance_grid
 
-BACKENDS = ("auto", "reference", "sdpa")
+BACKENDS = ("auto", "reference", "sdpa", "chunked", "split", "flex")
+CHUNK = 512          # query rows per block on the chunked path
+BAND_BLOCK = 256     # query rows per block of the split path's near band
 
 
 def causal_mask(q_len: int, k_len: int, device=None) -> Tensor:
     """(Lq, Lk) boolean, True where the key lies after the query (masked)."""
-    query_pos = torch.arange(k_len - q_len, k_len, device=device)
-    return torch.arange(k_len, device=device)[None, :] > query_pos[:, None]
+    return distance_grid(k_len - q_len, k_len, 0, k_len, device) < 0
 
 
-def logits_bias(position: PositionEncoding | None, q: Tensor, k_len: int,
-                bias: Tensor | None = None) -> Tensor | None:
-    """The total additive bias, (H, Lq, Lk) or (B, H, Lq, Lk), or None when the scheme has none.
-
-    `bias` is a content-independent bias already built by the caller (shared across layers);
-    without it the position builds its own."""
-    if position is None:
-        return bias
-    if bias is None:
-        bias = position.bias(q.shape[-2], k_len)
-    query_bias = position.query_bias(q, k_len)
-    if query_bias is None:
-        return bias
-    return query_bias if bias is None else query_bias + bias
-
-
-def reference_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
+# ---- reference and sdpa ---------------------------------------------------------------------------
+def reference_attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None) -> Tensor:
     q_len, k_len = q.shape[-2], k.shape[-2]
     scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, H, Lq, Lk)
-    if bias is not None:
-        scores = scores + bias.to(scores.dtype)
+    if plan is not None:
+        scores = scores + plan.full().to(scores.dtype)                      # (H or B,H, Lq, Lk)
     scores = scores.masked_fill(causal_mask(q_len, k_len, q.device), float("-inf"))
     return torch.matmul(torch.softmax(scores, dim=-1), v)                    # (B, H, Lq, D)
 
 
-def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
+def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None) -> Tensor:
     q_len, k_len = q.shape[-2], k.shape[-2]
-    if bias is None and q_len == k_len:
+    if plan is None and q_len == k_len:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    mask = torch.zeros(q_len, k_len, dtype=q.dtype, device=q.device) if bias is None else bias.to(q.dtype)
-    mask = mask.masked_fill(causal_mask(q_len, k_len, q.device), float("-inf"))  # (H?, Lq, Lk)
+    bias = torch.zeros(q_len, k_len, dtype=q.dtype, device=q.device) if plan is None else plan.full().to(q.dtype)
+    mask = bias.masked_fill(causal_mask(q_len, k_len, q.device), float("-inf"))  # (H?, Lq, Lk)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
-def resolve_backend(backend: str) -> str:
+# ---- chunked ----------------------------------------------------------------------------------------
+def chunked_attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None, block: int = CHUNK) -> Tensor:
+    q_len, k_len = q.shape[-2], k.shape[-2]
+    offset = k_len - q_len
+    outputs = []
+    for start in range(0, q_len, block):
+        end = min(q_len, start + block)
+        keys = offset + end                                    # keys after the block's last query are skipped
+        q_blk = q[..., start:end, :]                           # (B, H, bq, D)
+        masked = distance_grid(offset + start, offset + end, 0, keys, q.device) < 0   # (bq, keys)
+        if plan is None:
+            bias = torch.zeros(end - start, keys, dtype=q.dtype, device=q.device)
+        else:
+            bias = plan.block(offset + start, offset + end, 0, keys).to(q.dtype)      # (H or B,H, bq, keys)
+        mask = bias.masked_fill(masked, float("-inf"))
+        outputs.append(F.scaled_dot_product_attention(q_blk, k[..., :keys, :], v[..., :keys, :], attn_mask=mask))
+    return torch.cat(outputs, dim=-2)                          # (B, H, Lq, D)
+
+
+# ---- split: far keys through the unbiased fused kernel, near keys with the bias --------------------
+def _attend_lse(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False) -> tuple[Tensor, Tensor]:
+    """Output (B, H, Lq, D) and log-sum-exp of the scaled logits (B, H, Lq), from the fused CPU kernel."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, attn_mask=mask)
+
+
+def _merge(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> Tensor:
+    """Softmax attention over the union of two disjoint key sets, from each set's output and LSE."""
+    top = torch.maximum(lse_a, lse_b)
+    w_a, w_b = torch.exp(lse_a - top)[..., None], torch.exp(lse_b - top)[..., None]   # (B, H, q, 1)
+    return (out_a * w_a + out_b * w_b) / (w_a + w_b)
+
+
+def _four_d(bias: Tensor) -> Tensor:
+    return bias if bias.dim() == 4 else bias.unsqueeze(0)
+
+
+def split_attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None, block: int = BAND_BLOCK) -> Tensor:
+    q_len, k_len = q.shape[-2], k.shape[-2]
+    if plan is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True) if q_len == k_len else sdpa_attention(q, k, v, None)
+    if needs_grad(q, k, v, plan):
+        raise UsageError("the split backend is for inference only (its fused kernel returns no gradient "
+                         "for the bias); train with --attention auto or chunked")
+    if q_len != k_len or q.device.type != "cpu":
+        return chunked_attention(q, k, v, plan)
+    if plan.linear_slopes is not None:
+        return _split_linear(q, k, v, plan.linear_slopes.to(q.dtype), block)
+    if plan.horizon is None:  # the sequence ends before the horizon: every key is near
+        return chunked_attention(q, k, v, plan)
+    horizon = max(1, plan.horizon)
+    n = q_len
+    out = torch.empty_like(q)
+    far_out = far_lse = None
+    if horizon < n:
+        # query i sees far keys j <= i - horizon: queries horizon.. against keys ..n-horizon, causal
+        far_out, far_lse = _attend_lse(q[..., horizon:, :], k[..., : n - horizon, :], v[..., : n - horizon, :], causal=True)
+        far_lse = far_lse + plan.tail(horizon, n).to(q.dtype)                    # (B, H, n - horizon)
+    for start in range(0, n, block):
+        end = min(n, start + block)
+        first_key = max(0, start - horizon + 1)
+        distance = distance_grid(start, end, first_key, end, q.device)            # (bq, bk)
+        outside = (distance < 0) | (distance >= horizon)
+        mask = _four_d(plan.block(start, end, first_key, end).to(q.dtype).masked_fill(outside, float("-inf")))
+        near_out, near_lse = _attend_lse(q[..., start:end, :], k[..., first_key:end, :], v[..., first_key:end, :], mask)
+        split_at = min(end, max(start, horizon))          # rows from here on also have far keys
+        out[..., start:split_at, :] = near_out[..., : split_at - start, :]
+        if split_at < end:
+            rows = slice(split_at - horizon, end - horizon)
+            out[..., split_at:end, :] = _merge(near_out[..., split_at - start:, :], near_lse[..., split_at - start:],
+                                               far_out[..., rows, :], far_lse[..., rows])
+    return out
+
+
+def _split_linear(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, block: int) -> Tensor:
+    """bias = -m (i - j) = m (j - s) - m (i - s) for a query block starting at s: the second term is
+    the same for every key of a row, so it cancels; the first is a per-key bias, broadcast over rows."""
+    n = q.shape[-2]
+    out = torch.empty_like(q)
+    for start in range(0, n, block):
+        end = min(n, start + block)
+        keys = torch.arange(0, end, device=q.device, dtype=q.dtype) - start                  # j - s
+        key_bias = (slopes[:, None] * keys[None, :])[None, :, None, :]                       # (1, H, 1, end)
+        near_mask = key_bias[..., start:end].masked_fill(causal_mask(end - start, end - start, q.device), float("-inf"))
+        near_out, near_lse = _attend_lse(q[..., start:end, :], k[..., start:end, :], v[..., start:end, :], near_mask)
+        if start == 0:
+            out[..., :end, :] = near_out
+            continue
+        far_out, far_lse = _attend_lse(q[..., start:end, :], k[..., :start, :], v[..., :start, :], key_bias[..., :start])
+        out[..., start:end, :] = _merge(near_out, near_lse, far_out, far_lse)
+    return out
+
+
+# ---- flex -------------------------------------------------------------------------------------------
+_FLEX: dict = {}
+
+
+def flex_attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None) -> Tensor:
+    """FlexAttention, compiled once per shape (dynamic=False: dynamic shapes fail to compile some
+    score_mods on CPU), with the causal block mask cached per (Lq, Lk, device)."""
+    from torch.nn.attention import flex_attention as flex
+
+    if "kernel" not in _FLEX:
+        # each length compiles its own kernel; past dynamo's recompile limit flex would silently run
+        # unfused and materialise every score, so the limit is raised well above the lengths we use
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
+        _FLEX["kernel"] = torch.compile(flex.flex_attention, dynamic=False)
+    q_len, k_len = q.shape[-2], k.shape[-2]
+    key = (q_len, k_len, str(q.device))
+    if key not in _FLEX:
+        offset = k_len - q_len
+
+        def causal(b, h, q_idx, kv_idx):
+            return q_idx + offset >= kv_idx
+
+        _FLEX[key] = flex.create_block_mask(causal, None, None, q_len, k_len, device=q.device)
+    score_mod = None if plan is None else plan.score_mod()
+    return _FLEX["kernel"](q, k, v, score_mod=score_mod, block_mask=_FLEX[key])
+
+
+PATHS = {"reference": reference_attention, "sdpa": sdpa_attention, "chunked": chunked_attention,
+         "split": split_attention, "flex": flex_attention}
+
+
+# ---- choosing and checking a backend ----------------------------------------------------------------
+def splittable(plan: BiasPlan | None) -> bool:
+    return plan is None or plan.horizon is not None or plan.linear_slopes is not None
+
+
+def needs_grad(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None) -> bool:
+    if not torch.is_grad_enabled():
+        return False
+    return q.requires_grad or k.requires_grad or v.requires_grad or (plan is not None and plan.requires_grad)
+
+
+def choose(plan: BiasPlan | None, q: Tensor, k_len: int, grad: bool) -> str:
+    """The fastest exact path measured for this device, mode and scheme (benchmarks/attention.py)."""
+    if plan is None:
+        return "sdpa"
+    if q.device.type == "cuda":
+        return "flex"
+    if grad:
+        return "chunked"
+    if q.shape[-2] == k_len and splittable(plan):
+        return "split"
+    return "chunked"
+
+
+def check(backend: str, position: PositionEncoding | None = None, device: torch.device | str = "cpu",
+          training: bool = False) -> str:
+    """Validate a backend choice up front; raise a UsageError that says why it cannot work."""
     if backend not in BACKENDS:
         raise unknown("attention backend", backend, list(BACKENDS))
-    return "sdpa" if backend == "auto" else backend
+    device = torch.device(device)
+    if backend == "flex" and training and device.type == "cpu":
+        raise UsageError("the flex backend cannot train on CPU (torch's FlexAttention has no CPU backward); "
+                         "use --attention auto or chunked")
+    if backend == "split":
+        if training:
+            raise UsageError("the split backend is for inference only; train with --attention auto or chunked")
+        if device.type != "cpu":
+            raise UsageError("the split backend runs on CPU; on CUDA use --attention flex or auto")
+        probe = 1 << 16  # long enough for any horizon the registry has
+        if position is not None and not splittable(position.plan(1, probe, torch.zeros(1, position.n_heads, 1, position.head_dim))):
+            raise UsageError(f'the split backend needs a bias that is constant beyond some distance or linear in '
+                             f'it; "{position.name}" is neither: use --attention chunked')
+    return backend
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, position: PositionEncoding | None = None,
-              backend: str = "auto", bias: Tensor | None = None) -> Tensor:
+              backend: str = "auto", plan: BiasPlan | None = None) -> Tensor:
     """Causal attention of q (B, H, Lq, D) over k, v (B, H, Lk, D) with `position`'s bias.
 
-    Rotary schemes must already have rotated q and k (`position.rotate`)."""
-    total = logits_bias(position, q, k.shape[-2], bias)
-    path = resolve_backend(backend)
-    if path == "reference":
-        return reference_attention(q, k, v, total)
-    return sdpa_attention(q, k, v, total)
+    Rotary schemes must already have rotated q and k (`position.rotate`). `plan` is a plan the
+    caller built once for several layers; without it the position builds its own."""
+    if plan is None and position is not None:
+        plan = position.plan(q.shape[-2], k.shape[-2], q)
+    if backend == "auto":
+        backend = choose(plan, q, k.shape[-2], needs_grad(q, k, v, plan))
+    elif backend not in PATHS:
+        raise unknown("attention backend", backend, list(BACKENDS))
+    return PATHS[backend](q, k, v, plan)

@@ -15,15 +15,15 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from relbench import positions, report, results
-from relbench.attention import BACKENDS, resolve_backend
-from relbench.config import DEFAULT_PRESET, PRESETS, EvalConfig, resolve, to_dict
+from relbench.attention import BACKENDS, check
+from relbench.config import DEFAULT_PRESET, PRECISIONS, PRESETS, EvalConfig, ModelConfig, resolve, to_dict
 from relbench.errors import RelbenchError, UsageError
 
 console = Console()
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 # options that take several values after one flag: `--lengths 256 1024 4096`
-VARIADIC = ("--lengths", "--variants")
+VARIADIC = ("--lengths", "--variants", "--attention")
 
 def spread_variadic(args: list[str]) -> list[str]:
     """Rewrite `--lengths 1 2 3` (and `--lengths 1,2,3`) as `--lengths 1 --lengths 2 --lengths 3`,
@@ -86,7 +86,19 @@ Device = Annotated[str, typer.Option(help="auto (CUDA when available, else CPU),
 Variants = Annotated[list[str] | None, typer.Option(
     help='Variant specs, e.g. xl alibi "t5:bidirectional=true" (default: all). See `relbench variants`.')]
 Lengths = Annotated[list[int] | None, typer.Option(help="Evaluation lengths (default: 1x, 4x, 16x the training length).")]
-Attention = Annotated[str, typer.Option(help=f"Attention backend: {', '.join(BACKENDS)}.")]
+Attention = Annotated[str, typer.Option(help=f"Attention backend: {', '.join(BACKENDS)} (auto: the fastest exact "
+                                                 "path for the device and mode).")]
+Precision = Annotated[str, typer.Option(help=f"Training precision: {', '.join(PRECISIONS)} (bf16: autocast of "
+                                                 "matrix products, fp32 weights).")]
+
+def _check_backend(backend: str, spec: str, model: ModelConfig, device: torch.device, training: bool) -> None:
+    enc = positions.build_spec(spec, n_heads=model.n_heads, head_dim=model.head_dim, d_model=model.d_model,
+                               train_length=model.train_length)
+    try:
+        check(backend, enc, device, training)
+    except UsageError as error:
+        raise UsageError(f"{spec}: {error}") from None
+
 
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
@@ -135,19 +147,24 @@ def variants_command(
 
 def _train(run_dir: Path, variants: list[str] | None, preset: str, dataset: str | None, seed: int | None,
            steps: int | None, train_length: int | None, batch_size: int | None, lr: float | None,
-           device: str, force: bool) -> dict[str, Any]:
+           device: str, force: bool, attention: str = "auto", precision: str | None = None) -> dict[str, Any]:
     from relbench.data import load_splits
     from relbench.train import train_run
 
     specs = all_variants(variants)
     model_config, train_config, eval_config = resolve(
-        preset, model={"train_length": train_length}, train={"seed": seed, "steps": steps, "batch_size": batch_size, "lr": lr})
+        preset, model={"train_length": train_length},
+        train={"seed": seed, "steps": steps, "batch_size": batch_size, "lr": lr, "attention": attention,
+               "precision": precision})
     target = resolve_device(device)
+    for spec in specs:  # an impossible backend for a variant fails here, before any work
+        _check_backend(attention, spec, model_config, target, training=True)
     splits = load_splits(dataset)
     run_config = {"preset": preset, "model": to_dict(model_config), "train": to_dict(train_config),
                   "eval": to_dict(eval_config), "dataset": dataset or "sotu", "tokenizer": splits.tokenizer.name,
                   "dataset_description": splits.description}
     run_config["model"].pop("position")
+    run_config["model"].pop("attention")
     config_path = Path(run_dir) / results.CONFIG
     if config_path.is_file():
         old = results.read_json(config_path)
@@ -178,6 +195,8 @@ def train_command(
     train_length: Annotated[int | None, typer.Option(help="Training context length (overrides the preset).")] = None,
     batch_size: Annotated[int | None, typer.Option(help="Sequences per step (overrides the preset).")] = None,
     lr: Annotated[float | None, typer.Option(help="Peak learning rate (overrides the preset).")] = None,
+    attention: Attention = "auto",
+    precision: Precision | None = None,
     device: Device = "auto",
     force: Annotated[bool, typer.Option(help="Train again variants that already have a finished checkpoint.")] = False,
 ) -> None:
@@ -185,7 +204,8 @@ def train_command(
 
     Example: relbench train --variants xl t5 alibi --preset quick
     """
-    _train(run_dir, variants, preset, dataset, seed, steps, train_length, batch_size, lr, device, force)
+    _train(run_dir, variants, preset, dataset, seed, steps, train_length, batch_size, lr, device, force,
+           attention, precision)
 
 def _extrapolate(run_dir: Path, lengths: list[int] | None, variants: list[str] | None, attention: str,
                  eval_tokens: int | None, device: str) -> None:
@@ -193,7 +213,7 @@ def _extrapolate(run_dir: Path, lengths: list[int] | None, variants: list[str] |
     from relbench.evaluate import extrapolate_run, scored_stream, validate_lengths
 
     config = results.require_run(run_dir)
-    resolve_backend(attention)
+    check(attention)
     target = resolve_device(device)
     train_length = int(config["model"]["train_length"])
     specs = variants if variants else config.get("variants", [])
@@ -207,6 +227,9 @@ def _extrapolate(run_dir: Path, lengths: list[int] | None, variants: list[str] |
                             f"run `relbench train --run-dir {run_dir} --variants {missing[0]}`")
     if not trained:
         raise RelbenchError(f"{run_dir} has no trained variant yet; run `relbench train --run-dir {run_dir}`")
+    model_config = ModelConfig(**config["model"])
+    for spec in trained:
+        _check_backend(attention, spec, model_config, target, training=False)
     splits = load_splits(None if config["dataset"] == "sotu" else config["dataset"])
     lengths = validate_lengths(list(lengths) if lengths else [train_length, 4 * train_length, 16 * train_length],
                                splits.test.size - 1)
@@ -233,6 +256,47 @@ def extrapolate_command(
         raise UsageError("--eval-tokens must be positive")
     _extrapolate(run_dir, lengths, variants, attention, eval_tokens, device)
 
+@app.command("profile")
+def profile_command(
+    lengths: Annotated[list[int] | None, typer.Option(help="Lengths to profile.")] = None,
+    variants: Variants = None,
+    attention: Annotated[list[str] | None, typer.Option(help=f"Backends to profile (default: all of "
+                                                        f"{', '.join(BACKENDS)}).")] = None,
+    batch: Annotated[int, typer.Option(help="Batch size.")] = 1,
+    heads: Annotated[int, typer.Option(help="Attention heads.")] = 8,
+    head_dim: Annotated[int, typer.Option(help="Channels per head.")] = 64,
+    repeats: Annotated[int, typer.Option(help="Timed repeats (median, min and max are reported).")] = 5,
+    train_max: Annotated[int, typer.Option(help="Also time forward+backward at lengths up to this.")] = 2048,
+    timeout: Annotated[float, typer.Option(help="Seconds allowed per configuration.")] = 900.0,
+    run_dir: RunDir = results.DEFAULT_RUN_DIR,
+    device: Device = "auto",
+) -> None:
+    """Time and peak memory of bias construction and attention, per variant x backend x length.
+
+    No training needed. Each configuration runs in a fresh process on CPU; one that runs out of
+    memory is recorded as oom and the rest continue. Writes RUN/profile.csv, which `report` shows.
+
+    Example: relbench profile --lengths 1024 4096 16384 --variants xl t5 alibi --attention reference split
+    """
+    from relbench.evaluate import validate_lengths
+    from relbench.profile import PROFILE_CSV, profile_run
+
+    if min(batch, heads, head_dim, repeats) < 1:
+        raise UsageError("--batch, --heads, --head-dim and --repeats must be positive")
+    lengths = validate_lengths(list(lengths) if lengths else [1024, 4096, 16384], 1 << 22)
+    specs = all_variants(variants)
+    backends = list(dict.fromkeys(attention or BACKENDS))
+    for backend in backends:
+        check(backend)
+    target = resolve_device(device)
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    table = profile_run(Path(run_dir) / PROFILE_CSV, specs, backends, lengths, batch, heads, head_dim, str(target),
+                        repeats, train_max, timeout, console)
+    console.print(report.rich_table(f"Profile ({target}, batch {batch}, {heads} heads x {head_dim})",
+                                    *report.profile_table(table)))
+    console.print(f"wrote {Path(run_dir) / PROFILE_CSV}")
+
+
 @app.command("report")
 def report_command(run_dir: RunDir = results.DEFAULT_RUN_DIR) -> None:
     """Tables of a run: perplexity by length, cost, training; writes report.md and a pivoted CSV.
@@ -240,7 +304,7 @@ def report_command(run_dir: RunDir = results.DEFAULT_RUN_DIR) -> None:
     Example: relbench report --run-dir runs/default
     """
     written = report.render(run_dir, console)
-    console.print(f"wrote {written['report']} and {written['pivot']}")
+    console.print("wrote " + " and ".join(str(path) for path in written.values()))
 
 @app.command("bench")
 def bench_command(

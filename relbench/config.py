@@ -37,6 +37,9 @@ class ModelConfig:
         return self.d_model // self.n_heads
 
 
+PRECISIONS = ("fp32", "bf16")
+
+
 @dataclass
 class TrainConfig:
     steps: int = 600                # optimiser steps
@@ -47,6 +50,8 @@ class TrainConfig:
     weight_decay: float = 0.1       # on matrices only, not on norms, biases or position tables
     grad_clip: float = 1.0          # max global gradient norm
     position_lr_scale: float = 1.0  # learning-rate multiplier for position parameters (tables, vectors)
+    attention: str = "auto"         # attention backend for training (relbench.attention.BACKENDS)
+    precision: str = "fp32"         # "fp32", or "bf16" autocast for matrix products
     eval_every: int = 100           # validation loss every this many steps (and at the end)
     eval_batches: int = 4           # validation batches (fixed, the same for every variant)
     seed: int = 0
@@ -57,6 +62,8 @@ class TrainConfig:
                 raise UsageError(f"{name} must be positive, got {getattr(self, name)}")
         if not self.lr > 0:
             raise UsageError(f"lr must be positive, got {self.lr}")
+        if self.precision not in PRECISIONS:
+            raise unknown("precision", self.precision, list(PRECISIONS))
 
 
 @dataclass

@@ -23,7 +23,7 @@ from relbench import results
 from relbench.config import EvalConfig
 from relbench.errors import UsageError
 from relbench.model import GPT
-from relbench.profile import bias_and_attention_cost
+from relbench.profile import is_out_of_memory, profile_one
 
 
 @dataclass
@@ -96,10 +96,6 @@ def perplexity(model: GPT, stream: torch.Tensor, length: int, max_batch_tokens: 
 ROW_KEY = ["variant", "seed", "length", "mode"]
 
 
-def is_out_of_memory(error: BaseException) -> bool:
-    return isinstance(error, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in str(error).lower()
-
-
 def evaluate_variant(model: GPT, spec: str, seed: int, stream: torch.Tensor, length: int, max_batch_tokens: int,
                      backend: str, device: torch.device) -> dict:
     """One tidy row: perplexity at `length` and the cost of bias construction and attention."""
@@ -116,13 +112,21 @@ def evaluate_variant(model: GPT, spec: str, seed: int, stream: torch.Tensor, len
         result = perplexity(model, stream, length, max_batch_tokens, device)
         row.update(loss=result.loss, ppl=result.ppl, eval_s=result.seconds,
                    tokens_per_s=result.n_tokens / result.seconds)
-        cost = bias_and_attention_cost(model.position(0), length, backend, device)
-        row.update({k: (float("nan") if v is None else v) for k, v in cost.items()})
+        cost = layer_cost(model, length, backend, device)
+        row.update({k: (float("nan") if cost.get(k) is None else cost[k])
+                    for k in ("bias_ms", "bias_peak_mb", "attention_ms", "attention_peak_mb")})
     except (RuntimeError, MemoryError) as error:
         if not is_out_of_memory(error):
             raise
         row.update(status="oom", message=f"out of memory at length {length} on {device}")
     return row
+
+
+def layer_cost(model: GPT, length: int, backend: str, device: torch.device) -> dict:
+    """Cost of one layer of this model's shape (batch 1): bias construction and attention."""
+    config = model.config
+    return profile_one(config.position, backend, length, batch=1, heads=config.n_heads, head_dim=config.head_dim,
+                       device=str(device), repeats=3, train_max=0, train_length=config.train_length)
 
 
 def extrapolate_run(run_dir: Path, specs: list[str], seed: int, lengths: list[int], stream: torch.Tensor,
@@ -139,16 +143,7 @@ def extrapolate_run(run_dir: Path, specs: list[str], seed: int, lengths: list[in
             shown = f"ppl {row['ppl']:.3f}" if row["status"] == "ok" else row["status"]
             console.print(f"{spec:<12} L={length:<6} {shown:<14} "
                           + (f"{row['eval_s']:.1f}s" if row["status"] == "ok" else row["message"]))
-            table = _upsert(table, row)
+            table = results.upsert(table, row, ROW_KEY)
             results.write_csv(path, table)
         del model
     return table
-
-
-def _upsert(table: pd.DataFrame, row: dict) -> pd.DataFrame:
-    if not table.empty:
-        same = np.ones(len(table), dtype=bool)
-        for key in ROW_KEY:
-            same &= (table[key] == row[key]).to_numpy()
-        table = table[~same]
-    return pd.concat([table, pd.DataFrame([row])], ignore_index=True)

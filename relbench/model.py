@@ -19,8 +19,10 @@ from torch import Tensor, nn
 
 from relbench import positions
 from relbench.attention import attention
+from relbench.attention import check as check_backend
 from relbench.config import ModelConfig
 from relbench.positions.base import PositionEncoding
+from relbench.positions.plan import BiasPlan
 
 __all__ = ["GPT", "ModelConfig"]
 
@@ -32,11 +34,11 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=False)
         self.proj = nn.Linear(config.d_model, config.d_model, bias=False)
 
-    def forward(self, x: Tensor, position: PositionEncoding, bias: Tensor | None, backend: str) -> Tensor:
+    def forward(self, x: Tensor, position: PositionEncoding, plan: BiasPlan | None, backend: str) -> Tensor:
         B, L, D = x.shape
         q, k, v = self.qkv(x).view(B, L, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)  # (B, H, L, Dh) each
         q, k = position.rotate(q, k)
-        y = attention(q, k, v, position=position, backend=backend, bias=bias)  # (B, H, L, Dh)
+        y = attention(q, k, v, position=position, backend=backend, plan=plan)  # (B, H, L, Dh)
         return self.proj(y.transpose(1, 2).reshape(B, L, D))                  # (B, L, D)
 
 
@@ -59,8 +61,8 @@ class Block(nn.Module):
         self.ln_mlp = nn.LayerNorm(config.d_model)
         self.mlp = MLP(config)
 
-    def forward(self, x: Tensor, position: PositionEncoding, bias: Tensor | None, backend: str) -> Tensor:
-        x = x + self.attn(self.ln_attn(x), position, bias, backend)
+    def forward(self, x: Tensor, position: PositionEncoding, plan: BiasPlan | None, backend: str) -> Tensor:
+        x = x + self.attn(self.ln_attn(x), position, plan, backend)
         return x + self.mlp(self.ln_mlp(x))
 
 
@@ -78,6 +80,7 @@ class GPT(nn.Module):
         self.tok = nn.Embedding(config.vocab_size, config.d_model)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         self.ln_out = nn.LayerNorm(config.d_model)
+        check_backend(config.attention, self.positions[0])
         self.reset_parameters(seed)
 
     def position(self, layer: int) -> PositionEncoding:
@@ -96,10 +99,11 @@ class GPT(nn.Module):
         absolute = first.embed(L)
         if absolute is not None:
             x = x + absolute.to(x.dtype)                           # (L, D) broadcast over B
-        # a bias shared by all layers is built once per forward pass
-        shared_bias = first.bias(L, L) if len(self.positions) == 1 else None  # (H, L, L) or None
+        # a content-independent bias shared by all layers is planned once per forward pass
+        shared = len(self.positions) == 1 and not first.content_dependent
+        plan = first.plan(L, L) if shared else None
         for i, block in enumerate(self.blocks):
-            x = block(x, self.position(i), shared_bias, self.config.attention)
+            x = block(x, self.position(i), plan, self.config.attention)
         x = self.ln_out(x)
         return torch.matmul(x, self.tok.weight.t())               # (B, L, V), tied embedding
 

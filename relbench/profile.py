@@ -1,11 +1,20 @@
 """Timing and peak memory of position-bias construction and of attention.
 
-Method (see ../shared/STYLE.md): warm up, synchronise the device before reading the clock, take
-the median (and min/max) of repeats, and reset/read peak memory around exactly the measured call.
+Method (../shared/STYLE.md): warm up, synchronise the device before reading the clock, take the
+median (and min/max) of repeats, and reset/read peak memory around exactly the measured call.
 CPU peak memory is the process's resident-set high-water mark (VmHWM, reset through
-/proc/self/clear_refs), because torch's CPU allocations are invisible to tracemalloc; CUDA peak
-memory is torch.cuda.max_memory_allocated. Nothing is cached between repeats: every repeat
-builds the bias again.
+/proc/self/clear_refs), because torch's CPU allocations are invisible to tracemalloc; `relbench
+profile` runs each configuration in a fresh process with MALLOC_MMAP_THRESHOLD_=65536 so that
+freed buffers leave the resident set. CUDA peak memory is torch.cuda.max_memory_allocated.
+
+What is measured, per variant x backend x length, for one layer with random q, k, v:
+- `bias`: building the position terms: the bias plan (a per-distance vector, or Shaw's
+  query-vector products), the rotation of q and k, the absolute embedding; never cached.
+- `attention`: the attention call given those terms; it includes materialising whatever part
+  of the bias the backend needs. Cached across repeats: flex's compiled kernel and causal block
+  mask (per length); the first call, compilation included, is reported as first_call_s.
+- `train`: forward + backward of position terms and attention together, where the backend can
+  train on the device and the length is at most `train_max`.
 """
 
 from __future__ import annotations
@@ -15,10 +24,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from relbench.attention import attention
+from relbench import positions
+from relbench.attention import attention, check, choose
+from relbench.errors import RelbenchError
 from relbench.positions.base import PositionEncoding
 
 _STATUS = Path("/proc/self/status")
@@ -77,15 +89,18 @@ class Timing:
     min_ms: float
     max_ms: float
     peak_mb: float | None
-    repeats: int
+    first_s: float          # the first (warm-up) call, compilation included
 
 
 def measure(fn: Callable[[], object], device: torch.device | str, repeats: int = 5, warmup: int = 1) -> Timing:
     """Median/min/max wall time of fn() over `repeats` runs after `warmup` runs, and the peak
-    extra memory of one run (measured on its own, after the timed runs)."""
-    for _ in range(warmup):
+    extra memory of one more run, measured on its own."""
+    first = None
+    for _ in range(max(1, warmup)):
+        start = time.perf_counter()
         fn()
-    synchronize(device)
+        synchronize(device)
+        first = first if first is not None else time.perf_counter() - start
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -94,28 +109,200 @@ def measure(fn: Callable[[], object], device: torch.device | str, repeats: int =
         times.append((time.perf_counter() - start) * 1000)
     with PeakMemory(device) as peak:
         fn()
-    return Timing(statistics.median(times), min(times), max(times), peak.mb, repeats)
+    return Timing(statistics.median(times), min(times), max(times), peak.mb, first)
 
 
 def position_terms(position: PositionEncoding, q: torch.Tensor, k: torch.Tensor, length: int):
-    """Everything the scheme computes before attention: absolute embedding, rotation, bias."""
+    """Everything the scheme computes before attention: absolute embedding, rotation, bias plan."""
     position.embed(length)
     q, k = position.rotate(q, k)
-    return q, k, position.bias(length, length)
+    return q, k, position.plan(length, length, q)
 
 
-@torch.no_grad()
-def bias_and_attention_cost(position: PositionEncoding, length: int, backend: str, device: torch.device | str,
-                            batch: int = 1, repeats: int = 3, warmup: int = 1, seed: int = 0) -> dict[str, float | None]:
-    """Forward cost, at one length, of building the position terms and of the attention call
-    (given those terms), for one layer of `position` with random q, k, v of (batch, H, L, Dh)."""
+def is_out_of_memory(error: BaseException) -> bool:
+    text = str(error).lower()
+    return (isinstance(error, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in text
+            or "can't allocate memory" in text)
+
+
+def profile_one(spec: str, backend: str, length: int, batch: int = 1, heads: int = 8, head_dim: int = 64,
+                device: str = "cpu", repeats: int = 5, train_max: int = 2048, seed: int = 0,
+                train_length: int | None = None) -> dict[str, Any]:
+    """One row: cost of bias construction, attention forward and (where sensible) forward+backward."""
+    device = torch.device(device)
+    row: dict[str, Any] = {"variant": spec, "backend": backend, "path": backend, "length": length, "batch": batch,
+                           "heads": heads, "head_dim": head_dim, "device": str(device), "status": "ok",
+                           "message": "", "repeats": repeats,
+                           "cached": "compiled kernel, causal block mask" if backend == "flex" else ""}
+    train_length = length if train_length is None else train_length
+    position = positions.build_spec(spec, n_heads=heads, head_dim=head_dim, train_length=train_length).to(device)
+    position.reset_parameters(torch.Generator().manual_seed(seed))
+    if position.max_length is not None and length > position.max_length:
+        return {**row, "status": "unsupported", "message": f"no positions beyond {position.max_length}"}
+    check(backend, position, device, training=False)
     generator = torch.Generator().manual_seed(seed)
-    shape = (batch, position.n_heads, length, position.head_dim)
+    shape = (batch, heads, length, head_dim)
     q, k, v = (torch.randn(shape, generator=generator).to(device) for _ in range(3))
-    build = measure(lambda: position_terms(position, q, k, length), device, repeats, warmup)
-    q_rot, k_rot, bias = position_terms(position, q, k, length)
-    attend = measure(lambda: attention(q_rot, k_rot, v, position=position, backend=backend, bias=bias),
-                     device, repeats, warmup)
-    del bias
-    return {"bias_ms": build.median_ms, "bias_peak_mb": build.peak_mb,
-            "attention_ms": attend.median_ms, "attention_peak_mb": attend.peak_mb}
+    try:
+        with torch.no_grad():
+            build = measure(lambda: position_terms(position, q, k, length), device, repeats)
+            q_rot, k_rot, plan = position_terms(position, q, k, length)
+            if backend == "auto":
+                row["path"] = choose(plan, q_rot, length, grad=False)
+            attend = measure(lambda: attention(q_rot, k_rot, v, position=position, backend=backend, plan=plan),
+                             device, repeats)
+        del plan
+        row.update(bias_ms=build.median_ms, bias_min_ms=build.min_ms, bias_max_ms=build.max_ms,
+                   bias_peak_mb=build.peak_mb, attention_ms=attend.median_ms, attention_min_ms=attend.min_ms,
+                   attention_max_ms=attend.max_ms, attention_peak_mb=attend.peak_mb, first_call_s=attend.first_s)
+        if length <= train_max and _can_train(backend, position, device):
+            train = measure(lambda: _forward_backward(position, q, k, v, length, backend), device,
+                            max(1, repeats // 2))
+            row.update(train_ms=train.median_ms, train_min_ms=train.min_ms, train_max_ms=train.max_ms,
+                       train_peak_mb=train.peak_mb)
+    except (RuntimeError, MemoryError) as error:
+        if not is_out_of_memory(error):
+            raise
+        row.update(status="oom", message=f"out of memory at length {length} on {device}")
+    return row
+
+
+def _can_train(backend: str, position: PositionEncoding, device: torch.device) -> bool:
+    try:
+        check(backend, position, device, training=True)
+        return True
+    except RelbenchError:
+        return False
+
+
+def _forward_backward(position, q, k, v, length, backend) -> None:
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    q_rot, k_rot, plan = position_terms(position, q, k, length)
+    out = attention(q_rot, k_rot, v, position=position, backend=backend, plan=plan)
+    out.sum().backward()
+    position.zero_grad(set_to_none=True)
+
+
+# ---- `relbench profile`: every configuration in a fresh process -------------------------------------
+PROFILE_CSV = "profile.csv"
+PROFILE_KEY = ["variant", "backend", "length", "batch", "heads", "head_dim", "device"]
+
+
+def available_memory_mb() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def materialised_mb(backend: str, length: int, batch: int, heads: int) -> float:
+    """Rough peak of the (H, L, L)-sized tensors a backend creates (fp32), for skipping hopeless runs."""
+    square = heads * length * length * 4 / 2**20
+    return {"reference": (3 * batch + 2) * square, "sdpa": (batch + 3) * square}.get(backend, 0.0)
+
+
+def run_isolated(config: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """profile_one(**config) in a fresh Python process (clean peak memory; a crash or the kernel's
+    OOM killer takes only that process)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+    base = {k: config[k] for k in ("variant", "backend", "length", "batch", "heads", "head_dim", "device")}
+    try:
+        done = subprocess.run([sys.executable, "-m", "relbench.profile", json.dumps(config)], capture_output=True,
+                              text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {**base, "status": "timeout", "message": f"did not finish in {timeout:.0f} s"}
+    if done.returncode == 0 and done.stdout.strip():
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    if done.returncode in (-9, 137):
+        return {**base, "status": "oom", "message": "killed (out of memory)"}
+    last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+    status = "oom" if "memory" in last.lower() else "error"
+    return {**base, "status": status, "message": last[:300]}
+
+
+def profile_run(out_path: Path, specs: list[str], backends: list[str], lengths: list[int], batch: int, heads: int,
+                head_dim: int, device: str, repeats: int, train_max: int, timeout: float, console) -> "pd.DataFrame":
+    """Every variant x backend x length; each row is written to `out_path` as soon as it is measured
+    (replacing an earlier row of the same configuration), so an interrupted run keeps its rows."""
+    import pandas as pd
+
+    from relbench import results
+
+    table = results.read_csv(out_path) if Path(out_path).is_file() else pd.DataFrame()
+    available = available_memory_mb()
+    for spec in specs:
+        for backend in backends:
+            for length in lengths:
+                config = dict(variant=spec, backend=backend, length=length, batch=batch, heads=heads,
+                              head_dim=head_dim, device=device, repeats=repeats if length < 16384 else min(repeats, 3),
+                              train_max=train_max)
+                need = materialised_mb(backend, length, batch, heads)
+                if available is not None and torch.device(device).type == "cpu" and need > 0.8 * available:
+                    row = {**{k: config[k] for k in PROFILE_KEY}, "status": "oom",
+                           "message": f"skipped: needs about {need / 1024:.0f} GB, {available / 1024:.0f} GB available"}
+                elif torch.device(device).type == "cpu":
+                    row = run_isolated(config, timeout)
+                else:
+                    row = _in_process(config)
+                table = results.upsert(table, row, PROFILE_KEY)
+                results.write_csv(out_path, table)
+                console.print(describe(row), markup=False)
+    return table
+
+
+def _in_process(config: dict[str, Any]) -> dict[str, Any]:
+    config = dict(config)
+    spec = config.pop("variant")
+    try:
+        return profile_one(spec, **config)
+    except RelbenchError as error:
+        return {"variant": spec, **config, "status": "unsupported", "message": str(error)}
+
+
+def describe(row: dict[str, Any]) -> str:
+    head = f"{row['variant']:<12} {row['backend']:<9} L={row['length']:<6}"
+    if row.get("status") != "ok":
+        return f"{head} {row.get('status')}: {row.get('message', '')}"
+    train = f"  train {row['train_ms']:.1f} ms" if row.get("train_ms") == row.get("train_ms") and "train_ms" in row else ""
+    return (f"{head} bias {row['bias_ms']:.2f} ms  attention {row['attention_ms']:.1f} ms "
+            f"({row.get('path')}, peak {row.get('attention_peak_mb') or 0:.0f} MB){train}")
+
+
+def _limit_address_space() -> None:
+    """Let an allocation that cannot fit fail with an error instead of waking the OOM killer."""
+    import resource
+
+    available = available_memory_mb()
+    size = _rss_kb("VmSize")
+    if available and size:
+        limit = int(size * 1024 + 0.9 * available * 2**20)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def _main(argv: list[str]) -> None:
+    import json
+
+    config = json.loads(argv[0])
+    spec = config.pop("variant")
+    torch.set_flush_denormal(True)
+    if config.get("device", "cpu") == "cpu":
+        _limit_address_space()
+    try:
+        row = profile_one(spec, **config)
+    except RelbenchError as error:
+        row = {"variant": spec, **config, "status": "unsupported", "message": str(error)}
+    print(json.dumps(row))
+
+
+if __name__ == "__main__":
+    import sys
+
+    _main(sys.argv[1:])

@@ -123,31 +123,89 @@ def markdown_table(header: list[str], body: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def profile_table(rows: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    """Per variant x backend, per length: attention forward ms (+ bias construction ms), peak MB,
+    and forward+backward ms where measured."""
+    lengths = sorted(rows["length"].unique())
+    header = ["variant", "backend"] + [f"L={n}" for n in lengths]
+    body = []
+    for (variant, backend), mine in rows.groupby(["variant", "backend"], sort=False):
+        mine = mine.set_index("length")
+        cells = []
+        for n in lengths:
+            if n not in mine.index:
+                cells.append("-")
+                continue
+            r = mine.loc[n]
+            if r["status"] != "ok":
+                cells.append(str(r["status"]))
+                continue
+            cell = f"{r['attention_ms']:.1f} (+{r['bias_ms']:.2f})"
+            if pd.notna(r.get("attention_peak_mb")):
+                cell += f" {r['attention_peak_mb']:.0f}MB"
+            if pd.notna(r.get("train_ms", float("nan"))):
+                cell += f" | fb {r['train_ms']:.0f}"
+            cells.append(cell)
+        body.append([str(variant), str(backend)] + cells)
+    return header, body
+
+
+PROFILE_TITLE = ("Cost: attention forward ms (+ bias construction ms), peak extra memory, "
+                 "| fb = forward+backward ms")
+
+
 def render(run_dir: Path, console: Console) -> dict[str, Path]:
-    """Print the tables and write report.md and the pivoted CSV; returns the files written."""
+    """Print the tables and write report.md (and the pivoted CSV when there are perplexities)."""
+    from relbench.profile import PROFILE_CSV
+
     run_dir = Path(run_dir)
-    config = results.require_run(run_dir)
-    rows = load_rows(run_dir)
-    ref = reference_length(rows, config)
-    sections = [
-        (f"Perplexity on the test split (ratio to L={ref})", *perplexity_table(rows, config)),
-        ("Cost per layer, batch 1: building the position terms / attention (ms)", *cost_table(rows, config)),
-        ("Training", *training_table(run_dir, config)),
-    ]
+    has_rows = (run_dir / results.EXTRAPOLATION_CSV).is_file()
+    has_profile = (run_dir / PROFILE_CSV).is_file()
+    if not has_rows and not has_profile:
+        results.require_run(run_dir)  # a missing directory, or one that is not a run, says so
+        raise RelbenchError(f"{run_dir} has nothing to report yet; run `relbench extrapolate --run-dir {run_dir}` "
+                            f"or `relbench profile --run-dir {run_dir}` first")
+    written: dict[str, Path] = {}
+    sections = []
+    config: dict[str, Any] = {}
+    rows = None
+    if has_rows:
+        config = results.require_run(run_dir)
+        rows = load_rows(run_dir)
+        ref = reference_length(rows, config)
+        sections += [
+            (f"Perplexity on the test split (ratio to L={ref})", *perplexity_table(rows, config)),
+            ("Cost per layer, batch 1: building the position terms / attention (ms)", *cost_table(rows, config)),
+            ("Training", *training_table(run_dir, config)),
+        ]
+        written["pivot"] = run_dir / PIVOT_CSV
+        results.write_csv(written["pivot"], pivot(rows, config))
+    if has_profile:
+        sections.append((PROFILE_TITLE, *profile_table(results.read_csv(run_dir / PROFILE_CSV))))
     for title, header, body in sections:
         console.print(rich_table(title, header, body))
-    pivot_path = run_dir / PIVOT_CSV
-    results.write_csv(pivot_path, pivot(rows, config))
-    report_path = run_dir / REPORT_MD
-    results.atomic_write_text(report_path, markdown(config, rows, sections))
-    return {"report": report_path, "pivot": pivot_path}
+    written["report"] = run_dir / REPORT_MD
+    results.atomic_write_text(written["report"], markdown(config, rows, sections))
+    return written
 
 
-def markdown(config: dict[str, Any], rows: pd.DataFrame, sections) -> str:
+def markdown(config: dict[str, Any], rows: pd.DataFrame | None, sections) -> str:
+    lines = ["# relbench report"]
+    if rows is not None:
+        lines += ["", *describe_run(config, rows)]
+    for title, header, body in sections:
+        lines += ["", f"## {title}", "", markdown_table(header, body)]
+    notes = rows[rows["status"] != "ok"] if rows is not None else []
+    if len(notes):
+        lines += ["", "## Not evaluated", ""]
+        lines += [f"- {r.variant} at {r.length}: {r.status} ({r.message})" for r in notes.itertuples()]
+    return "\n".join(lines) + "\n"
+
+
+def describe_run(config: dict[str, Any], rows: pd.DataFrame) -> list[str]:
     env = config.get("environment", {})
     model = config["model"]
-    lines = [
-        "# relbench report", "",
+    return [
         f"Preset `{config.get('preset')}`: d_model {model['d_model']}, {model['n_layers']} layers, "
         f"{model['n_heads']} heads, trained at length {model['train_length']} for {config['train']['steps']} steps "
         f"of {config['train']['batch_size']} sequences, seed {config['train']['seed']}, on {config.get('dataset_description', config.get('dataset'))}.",
@@ -156,10 +214,3 @@ def markdown(config: dict[str, Any], rows: pd.DataFrame, sections) -> str:
         f"torch {env.get('torch', '?')}; relbench {env.get('relbench', '?')} at commit {env.get('git_commit') or 'unknown'}; "
         f"{env.get('date', '')}.",
     ]
-    for title, header, body in sections:
-        lines += ["", f"## {title}", "", markdown_table(header, body)]
-    notes = rows[rows["status"] != "ok"]
-    if not notes.empty:
-        lines += ["", "## Not evaluated", ""]
-        lines += [f"- {r.variant} at {r.length}: {r.status} ({r.message})" for r in notes.itertuples()]
-    return "\n".join(lines) + "\n"

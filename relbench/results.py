@@ -74,6 +74,16 @@ def read_csv(path: Path) -> pd.DataFrame:
         raise RelbenchError(f"cannot read {path}: {error}; delete it or rerun the command that writes it") from None
 
 
+def upsert(table: pd.DataFrame, row: dict[str, Any], key: list[str]) -> pd.DataFrame:
+    """`table` with `row` appended, replacing any row that has the same values in `key`."""
+    if not table.empty and all(k in table.columns for k in key):
+        same = pd.Series(True, index=table.index)
+        for k in key:
+            same &= table[k].astype(str) == str(row[k])
+        table = table[~same]
+    return pd.concat([table, pd.DataFrame([row])], ignore_index=True)
+
+
 def slug(text: str) -> str:
     """A file-name-safe form of a variant spec ("xl:k=64" -> "xl_k-64")."""
     return re.sub(r"[^A-Za-z0-9.+-]+", "_", text.replace("=", "-")).strip("_")

@@ -86,8 +86,11 @@ def validation_loss(model: GPT, windows: list[torch.Tensor], device: torch.devic
 def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, splits: Splits,
                   device: torch.device, progress: Progress | None = None) -> tuple[GPT, list[dict[str, Any]], dict[str, Any]]:
     """Train variant `spec` from scratch; returns the model, the loss-curve rows and a summary."""
-    model_config = dataclasses.replace(model_config, position=spec)
+    model_config = dataclasses.replace(model_config, position=spec, attention=config.attention)
     model = GPT(model_config, seed=config.seed).to(device)
+    def autocast():  # bf16 matrix products when asked; parameters and optimiser stay fp32
+        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.precision == "bf16")
+
     model.train()
     optimizer = make_optimizer(model, config)
     train_tokens = torch.from_numpy(splits.train)
@@ -104,7 +107,8 @@ def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, spl
         for group in optimizer.param_groups:
             group["lr"] = lr * group["lr_scale"]
         x, y = batch_at(train_tokens, step, config.seed, config.batch_size, model_config.train_length)
-        logits = model(x.to(device))                                           # (B, L, V)
+        with autocast():
+            logits = model(x.to(device))                                       # (B, L, V)
         loss = F.cross_entropy(logits.float().flatten(0, 1), y.to(device).flatten())
         if not torch.isfinite(loss):
             raise RelbenchError(f'training "{spec}" diverged at step {step} (loss {float(loss)}); '
@@ -163,6 +167,7 @@ def train_run(run_dir: Path, specs: list[str], run_config: dict[str, Any], split
                 summaries.append(meta["summary"])
                 continue
             model, rows, summary = train_variant(spec, model_config, train_config, splits, device, progress)
+            model.config.attention = "auto"  # the backend is a runtime choice, not part of the model
             meta = {"variant": spec, "seed": train_config.seed, "finished": True, "summary": summary,
                     "model": to_dict(model.config), "train": to_dict(train_config), "dataset": run_config["dataset"]}
             results.save_checkpoint(folder, model, meta)

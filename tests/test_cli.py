@@ -109,3 +109,32 @@ def test_spread_variadic():
         "extrapolate", "--lengths", "1", "--lengths", "2", "--lengths", "3", "--run-dir", "x"]
     assert spread_variadic(["x", "--lengths", "-5"]) == ["x", "--lengths", "-5"]
     assert spread_variadic(["x", "--lengths"]) == ["x", "--lengths"]
+
+
+def test_profile_writes_rows_and_report_shows_them(tmp_path):
+    result = run("profile", "--lengths", 64, "--variants", "xl", "alibi", "--attention", "reference", "split",
+                 "--repeats", 1, "--heads", 2, "--head-dim", 8, "--train-max", 64, "--run-dir", tmp_path, "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    rows = pd.read_csv(tmp_path / "profile.csv")
+    assert len(rows) == 4 and set(rows["status"]) == {"ok"}
+    assert (rows["attention_ms"] > 0).all() and (rows["bias_ms"] >= 0).all()
+    reference = rows[rows["backend"] == "reference"]
+    assert reference["train_ms"].notna().all()           # the reference path trains; split does not
+    assert rows[rows["backend"] == "split"]["train_ms"].isna().all()
+    result = run("report", "--run-dir", tmp_path)
+    assert result.exit_code == 0, result.output
+    assert "forward+backward" in (tmp_path / "report.md").read_text()
+
+
+def test_profile_records_oom_and_continues(tmp_path):
+    result = run("profile", "--lengths", 32, 2_000_000, "--variants", "xl", "--attention", "reference",
+                 "--repeats", 1, "--heads", 2, "--head-dim", 8, "--run-dir", tmp_path, "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    rows = pd.read_csv(tmp_path / "profile.csv").set_index("length")
+    assert rows.loc[32, "status"] == "ok"
+    assert rows.loc[2_000_000, "status"] == "oom" and "GB" in rows.loc[2_000_000, "message"]
+
+
+def test_split_backend_is_refused_for_training(tmp_path):
+    result = run("train", "--preset", "tiny", "--variants", "xl", "--attention", "split", "--run-dir", tmp_path)
+    assert_one_line_error(result, 2, "inference only")

@@ -43,3 +43,6 @@ class ALiBi(RelativeBias):
 
     def distance_bias(self, distance: Tensor) -> Tensor:
         return -self.slopes.view(-1, *([1] * distance.dim())) * distance.abs().float()  # (H, *shape)
+
+    def linear_slopes(self) -> Tensor:
+        return self.slopes

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from relbench.errors import UsageError, unknown
+from relbench.positions.plan import BiasPlan, DistancePlan
 
 _REGISTRY: dict[str, type["PositionEncoding"]] = {}
 
@@ -30,6 +31,7 @@ class PositionEncoding(nn.Module):
     formula: ClassVar[str] = ""              # one line, shown by `relbench variants`
     shared_across_layers: ClassVar[bool] = True   # one instance serves every layer (T5, ALiBi, absolute)
     relative: ClassVar[bool] = False         # attention depends on positions only through i - j
+    content_dependent: ClassVar[bool] = False  # the bias depends on the queries (Shaw)
 
     def __init__(self, n_heads: int, head_dim: int, d_model: int, train_length: int):
         super().__init__()
@@ -52,13 +54,24 @@ class PositionEncoding(nn.Module):
         """Position-dependent transform of q (B, H, Lq, D) and k (B, H, Lk, D); identity here."""
         return q, k
 
+    def plan(self, q_len: int, k_len: int, q: Tensor | None = None) -> BiasPlan | None:
+        """The additive logits bias for queries q (B, H, q_len, D) over k_len keys, as a BiasPlan
+        (see positions/plan.py), or None when the scheme adds no bias. Content-independent
+        schemes ignore q, so one plan can serve every layer that shares the scheme."""
+        return None
+
     def bias(self, q_len: int, k_len: int) -> Tensor | None:
         """(H, q_len, k_len) additive logits bias that does not depend on content, or None."""
-        return None
+        if self.content_dependent:
+            return None
+        plan = self.plan(q_len, k_len)
+        return None if plan is None else plan.full()
 
     def query_bias(self, q: Tensor, k_len: int) -> Tensor | None:
         """(B, H, Lq, k_len) additive logits bias that depends on the queries (Shaw), or None."""
-        return None
+        if not self.content_dependent:
+            return None
+        return self.plan(q.shape[-2], k_len, q).full()
 
     def reset_parameters(self, generator: torch.Generator) -> None:
         """Initialise the scheme's own parameters from `generator` (deterministic per seed)."""
@@ -94,8 +107,8 @@ class UnsupportedLength(UsageError):
 class RelativeBias(PositionEncoding, abc.ABC):
     """A bias that is a function of the distance i - j (query position minus key position) alone.
 
-    Subclasses implement `distance_bias`; `bias` evaluates it on the (q_len, k_len) grid.
-    """
+    Subclasses implement `distance_bias`; the plan evaluates it once per distance (O(L), not
+    O(L^2)), and says from which distance on the bias is constant (`horizon`), if it ever is."""
 
     family = "relative bias"
     relative = True
@@ -104,10 +117,18 @@ class RelativeBias(PositionEncoding, abc.ABC):
     def distance_bias(self, distance: Tensor) -> Tensor:
         """(H, *distance.shape) bias for integer distances i - j (>= 0 for past keys)."""
 
-    def bias(self, q_len: int, k_len: int) -> Tensor:
-        device = self.device
-        distance = self.query_positions(q_len, k_len, device)[:, None] - torch.arange(k_len, device=device)[None, :]
-        return self.distance_bias(distance)  # (H, q_len, k_len)
+    def horizon(self) -> int | None:
+        """Smallest distance d >= 0 such that the bias is the same for every distance >= d, or None."""
+        return None
+
+    def linear_slopes(self) -> Tensor | None:
+        """(H,) slopes when the causal bias is exactly -slope * (i - j), else None."""
+        return None
+
+    def plan(self, q_len: int, k_len: int, q: Tensor | None = None) -> DistancePlan:
+        distances = DistancePlan.distances(q_len, k_len, self.device)
+        values = self.distance_bias(distances).expand(self.n_heads, -1)     # (H, q_len + k_len - 1)
+        return DistancePlan(values, q_len, k_len, self.horizon(), self.linear_slopes())
 
     @property
     def device(self) -> torch.device:

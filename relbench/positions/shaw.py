@@ -5,12 +5,47 @@ the query meets, e_ij = q_i . (k_j + a_K[clip(j - i, k)]) / sqrt(d)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
 
 from relbench.errors import UsageError
 from relbench.positions.base import PositionEncoding, register
+from relbench.positions.plan import BiasPlan, distance_grid
+
+
+class ShawPlan(BiasPlan):
+    """The query-dependent bias q_i . a_K[clamp(j - i, -k, k) + k] / sqrt(d), held as the (B, H,
+    Lq, 2k+1) products of every query with every relative vector; blocks gather from them."""
+
+    def __init__(self, products: Tensor, k: int, q_len: int, k_len: int):
+        super().__init__(products.shape[1], q_len, k_len)
+        self.products = products                          # (B, H, Lq, 2k+1)
+        self.k = k
+        self.offset = k_len - q_len                       # position of query row 0
+        self.horizon = max(1, k) if k < k_len else None   # j - i <= -k all read row 0
+
+    def block(self, q_start: int, q_end: int, k_start: int, k_end: int) -> Tensor:
+        rows = self.products[..., q_start - self.offset: q_end - self.offset, :]       # (B, H, bq, 2k+1)
+        index = (-distance_grid(q_start, q_end, k_start, k_end, rows.device)).clamp(-self.k, self.k) + self.k
+        return torch.gather(rows, -1, index.expand(*rows.shape[:-1], k_end - k_start))  # (B, H, bq, bk)
+
+    def tail(self, q_start: int, q_end: int) -> Tensor:
+        return self.products[..., q_start - self.offset: q_end - self.offset, 0]       # (B, H, bq)
+
+    @property
+    def requires_grad(self) -> bool:
+        return self.products.requires_grad
+
+    def score_mod(self) -> Callable:
+        products, k, offset = self.products, self.k, self.offset
+
+        def add_shaw_term(score, b, h, q_idx, kv_idx):
+            rel = torch.clamp(kv_idx - q_idx - offset, -k, k) + k
+            return score + products[b, h, q_idx, rel]
+
+        return add_shaw_term
 
 
 @register("shaw")
@@ -23,6 +58,7 @@ class Shaw(PositionEncoding):
     formula = "e_ij += q_i . a_K[clamp(j-i, -k, k)] / sqrt(d), a_K learned (2k+1, d), k = 16"
     shared_across_layers = False
     relative = True
+    content_dependent = True
 
     def __init__(self, n_heads: int, head_dim: int, d_model: int, train_length: int, k: int = 16):
         super().__init__(n_heads, head_dim, d_model, train_length)
@@ -31,13 +67,11 @@ class Shaw(PositionEncoding):
         self.k = k
         self.vectors = nn.Parameter(torch.zeros(2 * k + 1, head_dim))  # (2k+1, D): row clamp(j-i)+k
 
-    def query_bias(self, q: Tensor, k_len: int) -> Tensor:
-        q_len = q.shape[-2]
-        qa = torch.matmul(q, self.vectors.t().to(q.dtype)) / math.sqrt(self.head_dim)  # (B, H, Lq, 2k+1)
-        query_pos = self.query_positions(q_len, k_len, q.device)
-        offset = torch.arange(k_len, device=q.device)[None, :] - query_pos[:, None]   # (Lq, Lk): j - i
-        index = (offset.clamp(-self.k, self.k) + self.k).expand(*qa.shape[:-1], k_len)
-        return torch.gather(qa, -1, index)  # (B, H, Lq, Lk)
+    def plan(self, q_len: int, k_len: int, q: Tensor | None = None) -> ShawPlan:
+        if q is None:
+            raise UsageError("shaw's bias depends on the queries: build its plan with q")
+        products = torch.matmul(q, self.vectors.t().to(q.dtype)) / math.sqrt(self.head_dim)  # (B, H, Lq, 2k+1)
+        return ShawPlan(products, self.k, q_len, k_len)
 
     def reset_parameters(self, generator: torch.Generator) -> None:
         with torch.no_grad():

@@ -57,6 +57,13 @@ class T5Bias(RelativeBias):
         self.max_distance = max_distance
         self.bidirectional = bidirectional
         self.table = nn.Parameter(torch.zeros(num_buckets, n_heads))  # (buckets, H)
+        # first distance from which every farther past key shares the last bucket
+        n = torch.arange(max_distance + 1)
+        buckets = relative_position_bucket(-n, bidirectional, num_buckets, max_distance)
+        self._horizon = int((buckets != buckets[-1]).nonzero().max()) + 1
+
+    def horizon(self) -> int:
+        return self._horizon
 
     def distance_bias(self, distance: Tensor) -> Tensor:
         bucket = relative_position_bucket(-distance, self.bidirectional, self.num_buckets, self.max_distance)

@@ -41,6 +41,9 @@ class ClippedTable(RelativeBias):
         values = values.movedim(-1, 0)                                # (H or 1, *shape)
         return values.expand(self.n_heads, *distance.shape)          # (H, *shape)
 
+    def horizon(self) -> int:
+        return self.k  # every distance >= k reads the edge row 2k
+
     def reset_parameters(self, generator: torch.Generator) -> None:
         std = 0.02
         with torch.no_grad():

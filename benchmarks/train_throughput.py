@@ -1,0 +1,82 @@
+"""Training throughput per variant, precision and attention backend, measured in one run.
+
+Trains the given preset's model (default: quick) for a few steps per configuration on the
+embedded corpus, after warm-up steps, and prints tokens/s and the ratio to fp32 with the same
+backend. Perplexity effects of bf16 need full training runs: compare `relbench train --precision
+bf16` with fp32 in two run directories (the README quotes both).
+
+    python benchmarks/train_throughput.py
+    python benchmarks/train_throughput.py --variants xl alibi --precisions fp32 bf16 --backends auto reference
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from rich.console import Console
+from rich.table import Table
+
+from relbench import positions
+from relbench.config import resolve
+from relbench.data import load_splits
+from relbench.model import GPT
+from relbench.train import batch_at, make_optimizer
+
+
+def tokens_per_second(spec: str, precision: str, backend: str, preset: str, steps: int, warmup: int,
+                      train_tokens: torch.Tensor) -> float:
+    model_config, train_config, _ = resolve(preset)
+    model_config = dataclasses.replace(model_config, position=spec, attention=backend)
+    model = GPT(model_config, seed=0).train()
+    optimizer = make_optimizer(model, train_config)
+    length, batch = model_config.train_length, train_config.batch_size
+    times = []
+    for step in range(warmup + steps):
+        x, y = batch_at(train_tokens, step, 0, batch, length)
+        start = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            logits = model(x)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        if step >= warmup:
+            times.append(time.perf_counter() - start)
+    return batch * length / statistics.median(times)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--variants", nargs="+", default=positions.names())
+    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    parser.add_argument("--backends", nargs="+", default=["auto", "reference"])
+    parser.add_argument("--preset", default="quick")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    args = parser.parse_args(argv)
+    train_tokens = torch.from_numpy(load_splits(None).train)
+    console = Console()
+    table = Table(title=f"Training throughput, preset {args.preset} (median step of {args.steps})", title_justify="left")
+    for column in ("variant", "backend", "precision", "tokens/s", "vs fp32"):
+        table.add_column(column, justify="left" if column in ("variant", "backend", "precision") else "right")
+    for spec in args.variants:
+        for backend in args.backends:
+            base = None
+            for precision in args.precisions:
+                rate = tokens_per_second(spec, precision, backend, args.preset, args.steps, args.warmup, train_tokens)
+                base = rate if precision == "fp32" else base
+                ratio = f"{rate / base:.2f}x" if base else ""
+                table.add_row(spec, backend, precision, f"{rate:,.0f}", ratio)
+                console.print(f"{spec:<12} {backend:<10} {precision:<5} {rate:>10,.0f} tokens/s {ratio}")
+    console.print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,128 @@
+"""Bias plans: a position scheme's bias for one (q_len, k_len), in its compact form.
+
+A plan is what a scheme hands to the attention backends. Instead of an (H, Lq, Lk) tensor it
+holds what the bias is made of (for a relative bias, one value per head and distance: (H, Lq+Lk-1)),
+and each backend asks it for the piece it needs: the whole matrix (reference), a block of rows
+(chunked), a band near the diagonal plus the constant it takes beyond a horizon (split), or a
+FlexAttention score_mod. Building a plan is O(L); materialising is left to the backend, so it is
+charged to the attention that needs it.
+
+Positions are absolute: queries are the LAST q_len of k_len positions, so query row a sits at
+position k_len - q_len + a. `block(q_start, q_end, k_start, k_end)` takes absolute positions.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def distance_grid(q_start: int, q_end: int, k_start: int, k_end: int, device=None) -> Tensor:
+    """(q, k) integer distances i - j of query positions [q_start, q_end) and keys [k_start, k_end)."""
+    return (torch.arange(q_start, q_end, device=device)[:, None]
+            - torch.arange(k_start, k_end, device=device)[None, :])
+
+
+class _ToeplitzGather(torch.autograd.Function):
+    """values[..., index] for a Toeplitz index (constant along diagonals), with a backward that
+    sums the gradient along diagonals instead of scatter-adding L^2 single elements."""
+
+    @staticmethod
+    def forward(ctx, values: Tensor, first: int, q: int, k: int) -> Tensor:
+        # index[a, b] = first + a - b: the value for row a, column b
+        index = first + torch.arange(q, device=values.device)[:, None] - torch.arange(k, device=values.device)[None, :]
+        ctx.shape = (values.shape[-1], first, q, k)
+        return values[..., index]                                      # (..., q, k)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        n, first, q, k = ctx.shape
+        # Row-flip turns diagonals (a - b const) into anti-diagonals (a' + b const); the skew trick
+        # (pad each row by q, flatten, re-view with one fewer column) lines anti-diagonals up in columns.
+        flipped = grad.flip(-2)                                            # (..., q, k): row a' = q-1-a
+        padded = F.pad(flipped, (0, q))                                   # (..., q, k + q)
+        flat = padded.flatten(-2)[..., : q * (k + q - 1)]
+        skewed = flat.view(*grad.shape[:-2], q, k + q - 1)                 # column c = a' + b
+        sums = skewed.sum(-2)                                              # (..., k + q - 1)
+        # column c = (q - 1 - a) + b  <=>  a - b = q - 1 - c  <=>  index first + q - 1 - c
+        out = grad.new_zeros(*grad.shape[:-2], n)
+        low = first + q - 1 - (k + q - 2)                                  # index of the last column
+        out[..., low: first + q] = sums.flip(-1)
+        return out, None, None, None
+
+
+def toeplitz(values: Tensor, first: int, q: int, k: int) -> Tensor:
+    """(..., q, k) matrix M[a, b] = values[..., first + a - b], differentiable in `values`."""
+    return _ToeplitzGather.apply(values, first, q, k)
+
+
+class BiasPlan(abc.ABC):
+    """The interface every backend uses. Subclasses say what they can: a horizon beyond which the
+    bias is constant along each query row, a purely linear distance bias, a score_mod."""
+
+    horizon: int | None = None          # for i - j >= horizon, every key of a query row gets tail()
+    linear_slopes: Tensor | None = None  # bias == -slope_h * (i - j) for all i >= j (ALiBi)
+
+    def __init__(self, n_heads: int, q_len: int, k_len: int):
+        self.n_heads, self.q_len, self.k_len = n_heads, q_len, k_len
+
+    @abc.abstractmethod
+    def block(self, q_start: int, q_end: int, k_start: int, k_end: int) -> Tensor:
+        """(H, q, k) or (B, H, q, k) bias for absolute positions [q_start, q_end) x [k_start, k_end)."""
+
+    def full(self) -> Tensor:
+        return self.block(self.k_len - self.q_len, self.k_len, 0, self.k_len)
+
+    def tail(self, q_start: int, q_end: int) -> Tensor | None:
+        """The constant beyond the horizon for query rows [q_start, q_end), broadcastable to
+        (B, H, q); None when the plan has no horizon."""
+        return None
+
+    def score_mod(self) -> Callable | None:
+        """The same bias as a FlexAttention score_mod(score, b, h, q_idx, kv_idx), or None."""
+        return None
+
+    @property
+    @abc.abstractmethod
+    def requires_grad(self) -> bool:
+        """Whether gradients flow into the plan (learned parameters, or queries for Shaw)."""
+
+
+class DistancePlan(BiasPlan):
+    """A bias that depends on i - j alone: `values[h, d - first_distance]` for distance d, over every
+    distance the (q_len, k_len) grid contains, 1 - q_len .. k_len - 1."""
+
+    def __init__(self, values: Tensor, q_len: int, k_len: int, horizon: int | None = None,
+                 linear_slopes: Tensor | None = None):
+        super().__init__(values.shape[0], q_len, k_len)
+        self.values = values                          # (H, q_len + k_len - 1)
+        self.first_distance = 1 - q_len
+        self.horizon = horizon if horizon is not None and horizon < k_len else None
+        self.linear_slopes = linear_slopes
+
+    @staticmethod
+    def distances(q_len: int, k_len: int, device=None) -> Tensor:
+        return torch.arange(1 - q_len, k_len, device=device)          # (q_len + k_len - 1,)
+
+    def block(self, q_start: int, q_end: int, k_start: int, k_end: int) -> Tensor:
+        first = q_start - k_start - self.first_distance
+        return toeplitz(self.values, first, q_end - q_start, k_end - k_start)   # (H, q, k)
+
+    def tail(self, q_start: int, q_end: int) -> Tensor:
+        return self.values[:, self.horizon - self.first_distance, None]          # (H, 1)
+
+    @property
+    def requires_grad(self) -> bool:
+        return self.values.requires_grad
+
+    def score_mod(self) -> Callable:
+        values, shift = self.values, (self.k_len - self.q_len) - self.first_distance
+
+        def add_distance_bias(score, b, h, q_idx, kv_idx):
+            return score + values[h, q_idx - kv_idx + shift]
+
+        return add_distance_bias
