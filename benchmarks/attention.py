@@ -72,7 +72,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", type=Path, default=Path("runs/benchmark-attention/profile.csv"))
     args = parser.parse_args(argv)
-    console = Console()
+    console = Console(width=200)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     # the floor and the reference are measured in this same run
     profile_run(args.out, ["none"], ["sdpa"], args.lengths, args.batch, args.heads, args.head_dim, args.device,

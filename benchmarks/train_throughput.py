@@ -30,8 +30,11 @@ from relbench.train import batch_at, make_optimizer
 
 
 def tokens_per_second(spec: str, precision: str, backend: str, preset: str, steps: int, warmup: int,
-                      train_tokens: torch.Tensor) -> float:
-    model_config, train_config, _ = resolve(preset)
+                      train_tokens: torch.Tensor, train_length: int | None = None) -> float:
+    model_config, train_config, _ = resolve(preset, model={"train_length": train_length})
+    if train_length:  # keep the tokens per step of the preset
+        base = resolve(preset)[0].train_length * train_config.batch_size
+        train_config = dataclasses.replace(train_config, batch_size=max(1, base // train_length))
     model_config = dataclasses.replace(model_config, position=spec, attention=backend)
     model = GPT(model_config, seed=0).train()
     optimizer = make_optimizer(model, train_config)
@@ -59,17 +62,21 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--preset", default="quick")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--train-length", type=int, default=None, help="override the preset's (same tokens per step)")
     args = parser.parse_args(argv)
     train_tokens = torch.from_numpy(load_splits(None).train)
     console = Console()
-    table = Table(title=f"Training throughput, preset {args.preset} (median step of {args.steps})", title_justify="left")
+    length = args.train_length or resolve(args.preset)[0].train_length
+    table = Table(title=f"Training throughput, preset {args.preset}, length {length} (median step of {args.steps})",
+                  title_justify="left")
     for column in ("variant", "backend", "precision", "tokens/s", "vs fp32"):
         table.add_column(column, justify="left" if column in ("variant", "backend", "precision") else "right")
     for spec in args.variants:
         for backend in args.backends:
             base = None
             for precision in args.precisions:
-                rate = tokens_per_second(spec, precision, backend, args.preset, args.steps, args.warmup, train_tokens)
+                rate = tokens_per_second(spec, precision, backend, args.preset, args.steps, args.warmup, train_tokens,
+                                         args.train_length)
                 base = rate if precision == "fp32" else base
                 ratio = f"{rate / base:.2f}x" if base else ""
                 table.add_row(spec, backend, precision, f"{rate:,.0f}", ratio)

@@ -33,7 +33,9 @@ from relbench.positions.plan import BiasPlan, distance_grid
 
 BACKENDS = ("auto", "reference", "sdpa", "chunked", "split", "flex")
 CHUNK = 512          # query rows per block on the chunked path
-BAND_BLOCK = 256     # query rows per block of the split path's near band
+BAND_BLOCK = 64      # query rows per block of the split path's near band (fastest measured: 64 of 64..512)
+LINEAR_BLOCKS = (256, 1024)  # query rows per block for linear biases (ALiBi): L/16 within these bounds,
+                             # the fastest measured at 4096 (256) and 16384 (1024)
 
 
 def causal_mask(q_len: int, k_len: int, device=None) -> Tensor:
@@ -106,23 +108,28 @@ def split_attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None, bloc
     if q_len != k_len or q.device.type != "cpu":
         return chunked_attention(q, k, v, plan)
     if plan.linear_slopes is not None:
-        return _split_linear(q, k, v, plan.linear_slopes.to(q.dtype), block)
-    if plan.horizon is None:  # the sequence ends before the horizon: every key is near
+        linear_block = min(LINEAR_BLOCKS[1], max(LINEAR_BLOCKS[0], q_len // 16))
+        return _split_linear(q, k, v, plan.linear_slopes.to(q.dtype), linear_block)
+    if plan.horizon is None or q_len < plan.horizon + block:  # short: (almost) every key is near
         return chunked_attention(q, k, v, plan)
     horizon = max(1, plan.horizon)
     n = q_len
     out = torch.empty_like(q)
-    far_out = far_lse = None
-    if horizon < n:
-        # query i sees far keys j <= i - horizon: queries horizon.. against keys ..n-horizon, causal
-        far_out, far_lse = _attend_lse(q[..., horizon:, :], k[..., : n - horizon, :], v[..., : n - horizon, :], causal=True)
-        far_lse = far_lse + plan.tail(horizon, n).to(q.dtype)                    # (B, H, n - horizon)
+    # far keys: query i sees j <= i - horizon, i.e. queries horizon.. against keys ..n-horizon, causal
+    far_out, far_lse = _attend_lse(q[..., horizon:, :], k[..., : n - horizon, :], v[..., : n - horizon, :], causal=True)
+    far_lse = far_lse + plan.tail(horizon, n).to(q.dtype)                        # (B, H, n - horizon)
+    # near keys: i - horizon < j <= i, in query blocks; a distance-only bias has the same tile for
+    # every block (rows start .. start+block, keys start-horizon+1 .. start+block), built once
+    tile = _band_tile(plan, block, horizon, q.dtype) if plan.distance_only else None
     for start in range(0, n, block):
         end = min(n, start + block)
         first_key = max(0, start - horizon + 1)
-        distance = distance_grid(start, end, first_key, end, q.device)            # (bq, bk)
-        outside = (distance < 0) | (distance >= horizon)
-        mask = _four_d(plan.block(start, end, first_key, end).to(q.dtype).masked_fill(outside, float("-inf")))
+        if tile is not None:
+            mask = tile[..., : end - start, first_key - (start - horizon + 1): end - (start - horizon + 1)]
+        else:
+            distance = distance_grid(start, end, first_key, end, q.device)        # (bq, bk)
+            outside = (distance < 0) | (distance >= horizon)
+            mask = _four_d(plan.block(start, end, first_key, end).to(q.dtype).masked_fill(outside, float("-inf")))
         near_out, near_lse = _attend_lse(q[..., start:end, :], k[..., first_key:end, :], v[..., first_key:end, :], mask)
         split_at = min(end, max(start, horizon))          # rows from here on also have far keys
         out[..., start:split_at, :] = near_out[..., : split_at - start, :]
@@ -133,21 +140,35 @@ def split_attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None, bloc
     return out
 
 
+def _band_tile(plan: BiasPlan, block: int, horizon: int, dtype: torch.dtype) -> Tensor:
+    """(1, H, block, block + horizon - 1): the near-band bias of a query block against the keys from
+    horizon - 1 before it, -inf outside the band (0 <= i - j < horizon)."""
+    first = horizon - 1  # a block whose keys all exist; a distance-only bias is the same for every block
+    tile = plan.block(first, first + block, 0, first + block).to(dtype)
+    distance = distance_grid(first, first + block, 0, first + block, tile.device)
+    return _four_d(tile.masked_fill((distance < 0) | (distance >= horizon), float("-inf")))
+
+
 def _split_linear(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, block: int) -> Tensor:
     """bias = -m (i - j) = m (j - s) - m (i - s) for a query block starting at s: the second term is
-    the same for every key of a row, so it cancels; the first is a per-key bias, broadcast over rows."""
+    the same for every key of a row, so it cancels; the first is a per-key bias, broadcast over rows.
+    Within a block (keys s .. s+block) the masked bias is the same tile for every block."""
     n = q.shape[-2]
     out = torch.empty_like(q)
+    offsets = torch.arange(block, device=q.device, dtype=q.dtype)                       # j - s in a block
+    near_tile = (slopes[:, None, None] * offsets[None, None, :]).expand(-1, block, -1)   # (H, block, block)
+    near_tile = _four_d(near_tile.masked_fill(causal_mask(block, block, q.device), float("-inf")))
     for start in range(0, n, block):
         end = min(n, start + block)
-        keys = torch.arange(0, end, device=q.device, dtype=q.dtype) - start                  # j - s
-        key_bias = (slopes[:, None] * keys[None, :])[None, :, None, :]                       # (1, H, 1, end)
-        near_mask = key_bias[..., start:end].masked_fill(causal_mask(end - start, end - start, q.device), float("-inf"))
-        near_out, near_lse = _attend_lse(q[..., start:end, :], k[..., start:end, :], v[..., start:end, :], near_mask)
+        size = end - start
+        near_out, near_lse = _attend_lse(q[..., start:end, :], k[..., start:end, :], v[..., start:end, :],
+                                         near_tile[..., :size, :size])
         if start == 0:
             out[..., :end, :] = near_out
             continue
-        far_out, far_lse = _attend_lse(q[..., start:end, :], k[..., :start, :], v[..., :start, :], key_bias[..., :start])
+        keys = torch.arange(-start, 0, device=q.device, dtype=q.dtype)                 # j - s for j < s
+        far_bias = (slopes[:, None] * keys[None, :])[None, :, None, :]                # (1, H, 1, start)
+        far_out, far_lse = _attend_lse(q[..., start:end, :], k[..., :start, :], v[..., :start, :], far_bias)
         out[..., start:end, :] = _merge(near_out, near_lse, far_out, far_lse)
     return out
 
@@ -202,6 +223,11 @@ def choose(plan: BiasPlan | None, q: Tensor, k_len: int, grad: bool) -> str:
     if q.device.type == "cuda":
         return "flex"
     if grad:
+        # measured (benchmarks/train_throughput.py, quick model): in fp32 chunked is as fast as the
+        # reference path at 256 and twice as fast at 1024; under bf16 autocast the materialised
+        # reference path is the fastest up to 1024 (1.25x chunked at 256)
+        if q.dtype == torch.bfloat16 and k_len <= 1024:
+            return "reference"
         return "chunked"
     if q.shape[-2] == k_len and splittable(plan):
         return "split"

@@ -37,7 +37,24 @@ class ModelConfig:
         return self.d_model // self.n_heads
 
 
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("auto", "bf16", "fp32")
+
+
+def resolve_precision(precision: str, device) -> str:
+    """"auto" -> "bf16" where the device computes bf16 natively (CUDA with bf16; a CPU with
+    AVX512-BF16 or AMX), else "fp32". Measured on the quick preset (2-core CPU, AVX512-BF16):
+    bf16 trained 1.3-1.5x faster (xl 80 -> 55 s) with validation losses within +-0.03 of fp32 and
+    no systematic change in extrapolation (README, "Precision")."""
+    import torch
+
+    if precision != "auto":
+        return precision
+    if getattr(device, "type", str(device)).startswith("cuda"):
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    try:
+        return "bf16" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "fp32"
+    except (AttributeError, RuntimeError):
+        return "fp32"
 
 
 @dataclass
@@ -51,7 +68,8 @@ class TrainConfig:
     grad_clip: float = 1.0          # max global gradient norm
     position_lr_scale: float = 1.0  # learning-rate multiplier for position parameters (tables, vectors)
     attention: str = "auto"         # attention backend for training (relbench.attention.BACKENDS)
-    precision: str = "fp32"         # "fp32", or "bf16" autocast for matrix products
+    precision: str = "auto"         # "bf16" (autocast of matrix products), "fp32", or "auto": bf16 where
+                                    # the hardware has native bf16, else fp32 (see resolve_precision)
     eval_every: int = 100           # validation loss every this many steps (and at the end)
     eval_batches: int = 4           # validation batches (fixed, the same for every variant)
     seed: int = 0

@@ -4,8 +4,8 @@ Method (../shared/STYLE.md): warm up, synchronise the device before reading the 
 median (and min/max) of repeats, and reset/read peak memory around exactly the measured call.
 CPU peak memory is the process's resident-set high-water mark (VmHWM, reset through
 /proc/self/clear_refs), because torch's CPU allocations are invisible to tracemalloc; `relbench
-profile` runs each configuration in a fresh process with MALLOC_MMAP_THRESHOLD_=65536 so that
-freed buffers leave the resident set. CUDA peak memory is torch.cuda.max_memory_allocated.
+profile` runs each configuration in a fresh process, and before the peak-memory run (after the
+timed runs) lowers glibc's mmap threshold to 64 KiB so that freed buffers leave the resident set. CUDA peak memory is torch.cuda.max_memory_allocated.
 
 What is measured, per variant x backend x length, for one layer with random q, k, v:
 - `bias`: building the position terms: the bias plan (a per-distance vector, or Shaw's
@@ -78,6 +78,23 @@ class PeakMemory:
             self.mb = None if peak is None else max(0, peak - self._base) / 1024
 
 
+ISOLATED = False  # set in the fresh process that `relbench profile` runs per configuration
+
+
+def _small_mmap_threshold() -> None:
+    """In an isolated profiling process, before the peak-memory run only (timed runs use the normal
+    allocator): serve every allocation above 64 KiB with mmap, so freed buffers leave the resident
+    set and the high-water mark sees each buffer the measured call allocates."""
+    if not ISOLATED:
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").mallopt(-3, 65536)  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
 def synchronize(device: torch.device | str) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
@@ -107,6 +124,7 @@ def measure(fn: Callable[[], object], device: torch.device | str, repeats: int =
         fn()
         synchronize(device)
         times.append((time.perf_counter() - start) * 1000)
+    _small_mmap_threshold()
     with PeakMemory(device) as peak:
         fn()
     return Timing(statistics.median(times), min(times), max(times), peak.mb, first)
@@ -198,10 +216,23 @@ def available_memory_mb() -> float | None:
     return None
 
 
-def materialised_mb(backend: str, length: int, batch: int, heads: int) -> float:
-    """Rough peak of the (H, L, L)-sized tensors a backend creates (fp32), for skipping hopeless runs."""
+def materialised_mb(backend: str, length: int, batch: int, heads: int, has_bias: bool) -> float:
+    """Rough peak of the (H, L, L)-sized tensors a backend creates (fp32), for skipping hopeless runs:
+    the reference path always materialises the scores; sdpa only materialises a bias mask."""
     square = heads * length * length * 4 / 2**20
-    return {"reference": (3 * batch + 2) * square, "sdpa": (batch + 3) * square}.get(backend, 0.0)
+    if backend == "reference":
+        return (3 * batch + 2) * square
+    if backend == "sdpa" and has_bias:
+        return (batch + 3) * square
+    return 0.0
+
+
+def _has_bias(spec: str, heads: int, head_dim: int) -> bool:
+    try:
+        enc = positions.build_spec(spec, n_heads=heads, head_dim=head_dim)
+    except RelbenchError:
+        return True  # the isolated run will report the problem
+    return enc.plan(2, 2, torch.zeros(1, heads, 2, head_dim)) is not None
 
 
 def run_isolated(config: dict[str, Any], timeout: float) -> dict[str, Any]:
@@ -212,7 +243,7 @@ def run_isolated(config: dict[str, Any], timeout: float) -> dict[str, Any]:
     import subprocess
     import sys
 
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+    env = dict(os.environ)
     base = {k: config[k] for k in ("variant", "backend", "length", "batch", "heads", "head_dim", "device")}
     try:
         done = subprocess.run([sys.executable, "-m", "relbench.profile", json.dumps(config)], capture_output=True,
@@ -244,7 +275,7 @@ def profile_run(out_path: Path, specs: list[str], backends: list[str], lengths: 
                 config = dict(variant=spec, backend=backend, length=length, batch=batch, heads=heads,
                               head_dim=head_dim, device=device, repeats=repeats if length < 16384 else min(repeats, 3),
                               train_max=train_max)
-                need = materialised_mb(backend, length, batch, heads)
+                need = materialised_mb(backend, length, batch, heads, _has_bias(spec, heads, head_dim))
                 if available is not None and torch.device(device).type == "cpu" and need > 0.8 * available:
                     row = {**{k: config[k] for k in PROFILE_KEY}, "status": "oom",
                            "message": f"skipped: needs about {need / 1024:.0f} GB, {available / 1024:.0f} GB available"}
@@ -290,6 +321,8 @@ def _limit_address_space() -> None:
 def _main(argv: list[str]) -> None:
     import json
 
+    global ISOLATED
+    ISOLATED = True
     config = json.loads(argv[0])
     spec = config.pop("variant")
     torch.set_flush_denormal(True)

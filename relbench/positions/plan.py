@@ -66,6 +66,7 @@ class BiasPlan(abc.ABC):
 
     horizon: int | None = None          # for i - j >= horizon, every key of a query row gets tail()
     linear_slopes: Tensor | None = None  # bias == -slope_h * (i - j) for all i >= j (ALiBi)
+    distance_only: bool = False          # block() depends on i - j only (the same tile for every block)
 
     def __init__(self, n_heads: int, q_len: int, k_len: int):
         self.n_heads, self.q_len, self.k_len = n_heads, q_len, k_len
@@ -95,6 +96,8 @@ class BiasPlan(abc.ABC):
 class DistancePlan(BiasPlan):
     """A bias that depends on i - j alone: `values[h, d - first_distance]` for distance d, over every
     distance the (q_len, k_len) grid contains, 1 - q_len .. k_len - 1."""
+
+    distance_only = True
 
     def __init__(self, values: Tensor, q_len: int, k_len: int, horizon: int | None = None,
                  linear_slopes: Tensor | None = None):
