@@ -18,13 +18,13 @@ from relbench import positions, report, results
 from relbench.attention import BACKENDS, check
 from relbench.config import (DEFAULT_PRESET, PRECISIONS, PRESETS, EvalConfig, ModelConfig, resolve,
                              resolve_precision, to_dict)
-from relbench.errors import RelbenchError, UsageError
+from relbench.errors import RelbenchError, UsageError, unknown
 
 console = Console()
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 # options that take several values after one flag: `--lengths 256 1024 4096`
-VARIADIC = ("--lengths", "--variants", "--attention")
+VARIADIC = ("--lengths", "--variants", "--attention", "--seeds", "--mode")
 
 def spread_variadic(args: list[str]) -> list[str]:
     """Rewrite `--lengths 1 2 3` (and `--lengths 1,2,3`) as `--lengths 1 --lengths 2 --lengths 3`,
@@ -147,7 +147,7 @@ def variants_command(
         table.add_row(escape(name), enc.family, escape(enc.formula), params if per else "0", escape(options))
     console.print(table)
 
-def _train(run_dir: Path, variants: list[str] | None, preset: str, dataset: str | None, seed: int | None,
+def _train(run_dir: Path, variants: list[str] | None, preset: str, dataset: str | None, seeds: list[int] | None,
            steps: int | None, train_length: int | None, batch_size: int | None, lr: float | None,
            device: str, force: bool, attention: str = "auto", precision: str | None = None) -> dict[str, Any]:
     from relbench.data import load_splits
@@ -156,8 +156,8 @@ def _train(run_dir: Path, variants: list[str] | None, preset: str, dataset: str 
     specs = all_variants(variants)
     model_config, train_config, eval_config = resolve(
         preset, model={"train_length": train_length},
-        train={"seed": seed, "steps": steps, "batch_size": batch_size, "lr": lr, "attention": attention,
-               "precision": precision})
+        train={"steps": steps, "batch_size": batch_size, "lr": lr, "attention": attention, "precision": precision})
+    seeds = unique("seed", seeds or [0])
     target = resolve_device(device)
     train_config.precision = resolve_precision(train_config.precision, target)
     for spec in specs:  # an impossible backend for a variant fails here, before any work
@@ -168,6 +168,7 @@ def _train(run_dir: Path, variants: list[str] | None, preset: str, dataset: str 
                   "dataset_description": splits.description}
     run_config["model"].pop("position")
     run_config["model"].pop("attention")
+    run_config["train"].pop("seed")
     config_path = Path(run_dir) / results.CONFIG
     if config_path.is_file():
         old = results.read_json(config_path)
@@ -177,13 +178,14 @@ def _train(run_dir: Path, variants: list[str] | None, preset: str, dataset: str 
                              f"(preset {old.get('preset')}); use another --run-dir, or delete {run_dir} to start over")
         known = old.get("variants", [])
         run_config["variants"] = known + [s for s in specs if s not in known]
+        run_config["seeds"] = sorted(set(old.get("seeds", [])) | set(seeds))
     else:
-        run_config["variants"] = specs
+        run_config["variants"], run_config["seeds"] = specs, seeds
     run_config["environment"] = results.environment(str(target))
     results.write_json(config_path, run_config)
-    console.print(f"training {len(specs)} variant(s) on {splits.description}: "
+    console.print(f"training {len(specs)} variant(s) x {len(seeds)} seed(s) on {splits.description}: "
                   f"{splits.sizes()['train']:,} train tokens; run directory {run_dir}")
-    train_run(Path(run_dir), specs, run_config, splits, target, force, console)
+    train_run(Path(run_dir), specs, seeds, run_config, splits, target, force, console)
     return run_config
 
 @app.command("train")
@@ -193,7 +195,8 @@ def train_command(
     dataset: Annotated[str | None, typer.Option(help="A .txt file or folder of .txt files, .jsonl/.parquet with a "
                                                 "text column, or a hub name name[:config]. Default: the embedded corpus.")] = None,
     run_dir: RunDir = results.DEFAULT_RUN_DIR,
-    seed: Annotated[int | None, typer.Option(help="Seed for initialisation and data order.")] = None,
+    seeds: Annotated[list[int] | None, typer.Option(help="Seeds (initialisation and data order); each variant is "
+                                                    "trained once per seed. Default: 0.")] = None,
     steps: Annotated[int | None, typer.Option(help="Optimiser steps (overrides the preset).")] = None,
     train_length: Annotated[int | None, typer.Option(help="Training context length (overrides the preset).")] = None,
     batch_size: Annotated[int | None, typer.Option(help="Sequences per step (overrides the preset).")] = None,
@@ -207,16 +210,21 @@ def train_command(
 
     Example: relbench train --variants xl t5 alibi --preset quick
     """
-    _train(run_dir, variants, preset, dataset, seed, steps, train_length, batch_size, lr, device, force,
+    _train(run_dir, variants, preset, dataset, seeds, steps, train_length, batch_size, lr, device, force,
            attention, precision)
 
 def _extrapolate(run_dir: Path, lengths: list[int] | None, variants: list[str] | None, attention: str,
-                 eval_tokens: int | None, device: str) -> None:
+                 eval_tokens: int | None, device: str, seeds: list[int] | None = None,
+                 modes: list[str] | None = None, stride: int | None = None) -> None:
     from relbench.data import load_splits
-    from relbench.evaluate import extrapolate_run, scored_stream, validate_lengths
+    from relbench.evaluate import MODES, extrapolate_run, scored_stream, validate_lengths
 
     config = results.require_run(run_dir)
     check(attention)
+    modes = unique("mode", modes or ["nonoverlap"])
+    for mode in modes:
+        if mode not in MODES:
+            raise unknown("evaluation mode", mode, list(MODES))
     target = resolve_device(device)
     # ALiBi-like biases leave ~1.5% of the softmax probabilities subnormal; flushing them to zero
     # changes no perplexity digit and made those paths 1.4-2.2x faster (../shared/PERF_NOTES.md)
@@ -225,42 +233,64 @@ def _extrapolate(run_dir: Path, lengths: list[int] | None, variants: list[str] |
     specs = variants if variants else config.get("variants", [])
     for spec in specs:
         positions.parse_spec(spec)
-    seed = int(config["train"]["seed"])
-    trained = [s for s in specs if (results.read_meta(results.checkpoint_dir(run_dir, s, seed)) or {}).get("finished")]
-    missing = [s for s in specs if s not in trained]
-    if variants and missing:
-        raise RelbenchError(f"variant {missing[0]} has no finished checkpoint in {run_dir}; "
-                            f"run `relbench train --run-dir {run_dir} --variants {missing[0]}`")
+    seeds = unique("seed", seeds) if seeds else config.get("seeds", [0])
+    pairs = [(s, seed) for seed in seeds for s in specs]
+    trained = [(s, seed) for s, seed in pairs
+               if (results.read_meta(results.checkpoint_dir(run_dir, s, seed)) or {}).get("finished")]
+    missing = [p for p in pairs if p not in trained]
+    if (variants or config.get("seeds") != seeds) and missing:
+        spec, seed = missing[0]
+        raise RelbenchError(f"variant {spec} seed {seed} has no finished checkpoint in {run_dir}; "
+                            f"run `relbench train --run-dir {run_dir} --variants {spec} --seeds {seed}`")
     if not trained:
         raise RelbenchError(f"{run_dir} has no trained variant yet; run `relbench train --run-dir {run_dir}`")
     model_config = ModelConfig(**config["model"])
-    for spec in trained:
+    for spec in dict.fromkeys(s for s, _ in trained):
         _check_backend(attention, spec, model_config, target, training=False)
     splits = load_splits(None if config["dataset"] == "sotu" else config["dataset"])
     lengths = validate_lengths(list(lengths) if lengths else [train_length, 4 * train_length, 16 * train_length],
                                splits.test.size - 1)
+    stride = stride if stride is not None else max(1, train_length // 2)
+    if stride < 1:
+        raise UsageError(f"--stride must be positive, got {stride}")
     eval_config = EvalConfig(**{**config.get("eval", {}), **({"eval_tokens": eval_tokens} if eval_tokens else {})})
     stream = scored_stream(splits.test, lengths, eval_config.eval_tokens)
-    console.print(f"evaluating {len(trained)} variant(s) at lengths {', '.join(map(str, lengths))} on "
+    console.print(f"evaluating {len(trained)} checkpoint(s) at lengths {', '.join(map(str, lengths))} "
+                  f"({', '.join(modes)}{f', stride {stride}' if 'sliding' in modes else ''}) on "
                   f"{stream.numel() - 1:,} test tokens ({attention} attention, {target})")
-    extrapolate_run(Path(run_dir), trained, seed, lengths, stream, eval_config, attention, target, console)
+    extrapolate_run(Path(run_dir), trained, lengths, modes, stride, stream, eval_config, attention, target, console)
+
+
+def unique(what: str, values: list) -> list:
+    if len(set(values)) != len(values):
+        raise UsageError(f"{what} {next(v for v in values if values.count(v) > 1)} is given twice; give each once")
+    return list(values)
+
 
 @app.command("extrapolate")
 def extrapolate_command(
     lengths: Lengths = None,
     variants: Variants = None,
     run_dir: RunDir = results.DEFAULT_RUN_DIR,
+    mode: Annotated[list[str] | None, typer.Option(help="nonoverlap, sliding, or both (default: nonoverlap).")] = None,
+    stride: Annotated[int | None, typer.Option(help="Sliding mode: tokens scored per window; each scored token "
+                                                "sees at least length - stride of context (default: half the "
+                                                "training length).")] = None,
+    seeds: Annotated[list[int] | None, typer.Option(help="Seeds to evaluate (default: every trained seed).")] = None,
     attention: Attention = "auto",
     eval_tokens: Annotated[int | None, typer.Option(help="Scored test tokens per length (default: the preset's).")] = None,
     device: Device = "auto",
 ) -> None:
     """Perplexity of every trained variant at growing lengths, and the cost of bias and attention.
 
-    Example: relbench extrapolate --lengths 256 1024 4096
+    Writes extrapolation.csv (one row per variant x seed x length x mode) and positions.csv (the
+    loss in log-spaced bins of the position inside the window).
+
+    Example: relbench extrapolate --lengths 256 1024 4096 --mode nonoverlap sliding --stride 128
     """
     if eval_tokens is not None and eval_tokens < 1:
         raise UsageError("--eval-tokens must be positive")
-    _extrapolate(run_dir, lengths, variants, attention, eval_tokens, device)
+    _extrapolate(run_dir, lengths, variants, attention, eval_tokens, device, seeds, mode, stride)
 
 @app.command("profile")
 def profile_command(
@@ -301,6 +331,42 @@ def profile_command(
     console.print(report.rich_table(f"Profile ({target}, batch {batch}, {heads} heads x {head_dim})",
                                     *report.profile_table(table)))
     console.print(f"wrote {Path(run_dir) / PROFILE_CSV}")
+
+
+@app.command("inspect")
+def inspect_command(
+    run: Annotated[Path, typer.Argument(help="Run directory.")] = results.DEFAULT_RUN_DIR,
+    variants: Variants = None,
+    seed: Annotated[int | None, typer.Option(help="Seed to inspect (default: the run's first).")] = None,
+    lengths: Annotated[list[int] | None, typer.Option(help="Lengths (default: 1x and 16x the training length).")] = None,
+    device: Device = "auto",
+) -> None:
+    """Diagnostics of trained variants: bias size against q.k logits per layer and head, the
+    gradient reaching the bias parameters at the end of training, and how far attention reaches.
+
+    Example: relbench inspect runs/default --variants xl t5
+    """
+    from relbench.data import load_splits
+    from relbench.evaluate import validate_lengths
+    from relbench.inspect import INSPECT_CSV, inspect_run, tables
+
+    config = results.require_run(run)
+    seed = config.get("seeds", [0])[0] if seed is None else seed
+    specs = variants or config.get("variants", [])
+    for spec in specs:
+        positions.parse_spec(spec)
+        meta = results.read_meta(results.checkpoint_dir(run, spec, seed))
+        if not meta or not meta.get("finished"):
+            raise RelbenchError(f"variant {spec} seed {seed} has no finished checkpoint in {run}; "
+                                f"run `relbench train --run-dir {run} --variants {spec} --seeds {seed}`")
+    train_length = int(config["model"]["train_length"])
+    splits = load_splits(None if config["dataset"] == "sotu" else config["dataset"])
+    lengths = validate_lengths(list(lengths) if lengths else [train_length, 16 * train_length], splits.test.size)
+    frame = inspect_run(Path(run), specs, seed, lengths, torch.from_numpy(splits.test), resolve_device(device))
+    results.write_csv(Path(run) / INSPECT_CSV, frame)
+    for title, header, body in tables(frame, lengths):
+        console.print(report.rich_table(title, header, body))
+    console.print(f"wrote {Path(run) / INSPECT_CSV}")
 
 
 @app.command("report")

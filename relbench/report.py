@@ -1,7 +1,9 @@
-"""Tables from a run directory's rows: a Rich table, report.md and pivoted CSVs.
+"""Tables from a run directory's rows: a Rich table, report.md with plots, and pivoted CSVs.
 
-Every view is rendered from the same tidy rows of extrapolation.csv (and train.csv), so the
-terminal, the Markdown and the CSV never disagree.
+Every view is rendered from the same tidy rows of extrapolation.csv (and train.csv, positions.csv,
+profile.csv), so the terminal, the Markdown, the CSV and the plots never disagree. With several
+seeds a cell shows the mean, the 95% interval half-width (Student's t) and the ratio to the
+training length; "~" marks a variant the seeds cannot tell from the best one at that length.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from rich.table import Table
 
 from relbench import results
 from relbench.errors import RelbenchError
+from relbench.stats import summarize, unresolved
 
 PIVOT_CSV = "extrapolation_pivot.csv"
 REPORT_MD = "report.md"
@@ -23,13 +26,11 @@ REPORT_MD = "report.md"
 
 def load_rows(run_dir: Path) -> pd.DataFrame:
     path = Path(run_dir) / results.EXTRAPOLATION_CSV
-    if not path.is_file():
-        raise RelbenchError(f"{run_dir} has no {results.EXTRAPOLATION_CSV}; run `relbench extrapolate --run-dir {run_dir}` first")
     rows = results.read_csv(path)
-    missing = {"variant", "length", "status", "ppl"} - set(rows.columns)
+    missing = {"variant", "seed", "length", "mode", "status", "ppl"} - set(rows.columns)
     if missing:
         raise RelbenchError(f"{path} lacks columns {sorted(missing)}; rerun `relbench extrapolate`")
-    rows["message"] = rows.get("message", pd.Series(dtype=str)).fillna("")
+    rows["message"] = rows["message"].fillna("") if "message" in rows else ""
     return rows
 
 
@@ -45,36 +46,71 @@ def reference_length(rows: pd.DataFrame, config: dict[str, Any]) -> int:
     return train_length if train_length in lengths else int(lengths[0])
 
 
-def pivot(rows: pd.DataFrame, config: dict[str, Any]) -> pd.DataFrame:
-    """One row per variant: ppl@L and ratio@L (ppl over the reference length's ppl) per length,
-    plus status@L where a length did not run."""
+def aggregate(rows: pd.DataFrame, config: dict[str, Any]) -> pd.DataFrame:
+    """One row per variant x mode x length: seed statistics of perplexity and of the ratio to the
+    reference length (computed per seed, then summarised), and whether the best is resolved."""
     ref = reference_length(rows, config)
     out = []
-    for variant in variant_order(rows, config):
-        mine = rows[rows["variant"] == variant].set_index("length")
-        base = mine["ppl"].get(ref, math.nan)
-        record: dict[str, Any] = {"variant": variant}
-        for length in sorted(rows["length"].unique()):
-            ppl = mine["ppl"].get(length, math.nan)
-            record[f"ppl@{length}"] = ppl
-            record[f"ratio@{length}"] = ppl / base if base and not math.isnan(base) else math.nan
-            record[f"status@{length}"] = mine["status"].get(length, "missing")
+    for mode, by_mode in rows.groupby("mode", sort=False):
+        ok = by_mode[by_mode["status"] == "ok"]
+        per_seed = {(r.variant, r.length, r.seed): r.ppl for r in ok.itertuples()}
+        for length in sorted(by_mode["length"].unique()):
+            here = ok[ok["length"] == length]
+            means = here.groupby("variant")["ppl"].mean()
+            best = means.idxmin() if len(means) else None
+            best_by_seed = {r.seed: r.ppl for r in here[here["variant"] == best].itertuples()}
+            for variant in variant_order(by_mode, config):
+                mine = by_mode[(by_mode["variant"] == variant) & (by_mode["length"] == length)]
+                if mine.empty:
+                    continue
+                seeds = sorted(mine["seed"].unique())
+                ppl = {s: per_seed.get((variant, length, s), math.nan) for s in seeds}
+                ratio = [ppl[s] / per_seed.get((variant, ref, s), math.nan) for s in seeds]
+                p, r = summarize(list(ppl.values())), summarize(ratio)
+                statuses = sorted(set(mine["status"]))
+                tie = None if variant == best or p.n == 0 else unresolved(ppl, best_by_seed)
+                out.append({"variant": variant, "mode": mode, "length": int(length), "n_seeds": p.n,
+                            "status": "ok" if statuses == ["ok"] else "/".join(statuses),
+                            "ppl_mean": p.mean, "ppl_std": p.std, "ppl_ci95": p.half_width,
+                            "ratio_mean": r.mean, "ratio_ci95": r.half_width, "best": variant == best,
+                            "unresolved_vs_best": tie})
+    return pd.DataFrame(out)
+
+
+def pivot(summary: pd.DataFrame) -> pd.DataFrame:
+    """One row per variant and mode, columns per length: ppl mean, std, 95% half-width, ratio."""
+    out = []
+    for (variant, mode), mine in summary.groupby(["variant", "mode"], sort=False):
+        record: dict[str, Any] = {"variant": variant, "mode": mode, "n_seeds": int(mine["n_seeds"].max())}
+        for r in mine.itertuples():
+            record.update({f"ppl@{r.length}": r.ppl_mean, f"std@{r.length}": r.ppl_std,
+                           f"ci95@{r.length}": r.ppl_ci95, f"ratio@{r.length}": r.ratio_mean,
+                           f"status@{r.length}": r.status})
         out.append(record)
     return pd.DataFrame(out)
 
 
-def _cell(ppl: float, ratio: float, status: str) -> str:
-    if status != "ok":
-        return status
-    return f"{ppl:.3f} (x{ratio:.2f})" if not math.isnan(ratio) else f"{ppl:.3f}"
+def _cell(r) -> str:
+    if r.status != "ok":
+        return r.status
+    text = f"{r.ppl_mean:.3f}"
+    if r.n_seeds > 1:
+        text += f" ±{r.ppl_ci95:.3f}"
+    if not math.isnan(r.ratio_mean):
+        text += f" (x{r.ratio_mean:.2f})"
+    if r.unresolved_vs_best is True:
+        text += " ~"
+    return text
 
 
-def perplexity_table(rows: pd.DataFrame, config: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    wide = pivot(rows, config)
-    lengths = sorted(rows["length"].unique())
+def perplexity_table(summary: pd.DataFrame, mode: str) -> tuple[list[str], list[list[str]]]:
+    mine = summary[summary["mode"] == mode]
+    lengths = sorted(mine["length"].unique())
     header = ["variant"] + [f"L={n}" for n in lengths]
-    body = [[r["variant"]] + [_cell(r[f"ppl@{n}"], r[f"ratio@{n}"], r[f"status@{n}"]) for n in lengths]
-            for _, r in wide.iterrows()]
+    body = []
+    for variant, rows in mine.groupby("variant", sort=False):
+        cells = {r.length: _cell(r) for r in rows.itertuples()}
+        body.append([variant] + [cells.get(n, "-") for n in lengths])
     return header, body
 
 
@@ -84,43 +120,33 @@ def cost_table(rows: pd.DataFrame, config: dict[str, Any]) -> tuple[list[str], l
     header = ["variant"] + [f"L={n} bias / attn ms" for n in lengths]
     body = []
     for variant in variant_order(rows, config):
-        mine = rows[rows["variant"] == variant].set_index("length")
+        mine = rows[(rows["variant"] == variant) & (rows["status"] == "ok")].groupby("length")
         cells = []
         for n in lengths:
-            if n not in mine.index or mine.loc[n, "status"] != "ok":
-                cells.append(mine["status"].get(n, "missing"))
+            if n not in mine.groups:
+                status = rows[(rows["variant"] == variant) & (rows["length"] == n)]["status"]
+                cells.append(status.iloc[0] if len(status) else "-")
             else:
-                cells.append(f"{mine.loc[n, 'bias_ms']:.2f} / {mine.loc[n, 'attention_ms']:.1f}")
+                group = mine.get_group(n)
+                cells.append(f"{group['bias_ms'].median():.2f} / {group['attention_ms'].median():.1f}")
         body.append([variant] + cells)
     return header, body
 
 
 def training_table(run_dir: Path, config: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    header = ["variant", "params", "position params", "final val loss", "train time (s)", "tokens/s"]
+    header = ["variant", "seeds", "params", "position params", "final val loss", "train time (s)", "tokens/s"]
     body = []
     for variant in config.get("variants", []):
-        meta = results.read_meta(results.checkpoint_dir(run_dir, variant, config["train"]["seed"]))
-        if not meta or not meta.get("finished"):
+        metas = [results.read_meta(results.checkpoint_dir(run_dir, variant, s)) for s in config.get("seeds", [0])]
+        done = [m["summary"] for m in metas if m and m.get("finished")]
+        if not done:
             continue
-        s = meta["summary"]
-        body.append([variant, f"{s['n_params']:,}", f"{s['position_params']:,}", f"{s['val_loss']:.4f}",
-                     f"{s['train_seconds']:.1f}", f"{s['tokens_per_s']:,.0f}"])
+        val = summarize([s["val_loss"] for s in done])
+        val_text = f"{val.mean:.4f}" + (f" ±{val.half_width:.4f}" if val.n > 1 else "")
+        body.append([variant, str(len(done)), f"{done[0]['n_params']:,}", f"{done[0]['position_params']:,}", val_text,
+                     f"{sum(s['train_seconds'] for s in done) / len(done):.1f}",
+                     f"{sum(s['tokens_per_s'] for s in done) / len(done):,.0f}"])
     return header, body
-
-
-def rich_table(title: str, header: list[str], body: list[list[str]]) -> Table:
-    table = Table(title=title, title_justify="left")
-    for i, name in enumerate(header):
-        table.add_column(name, justify="left" if i == 0 else "right")
-    for row in body:
-        table.add_row(*row)
-    return table
-
-
-def markdown_table(header: list[str], body: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in body]
-    return "\n".join(lines)
 
 
 def profile_table(rows: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
@@ -154,8 +180,23 @@ PROFILE_TITLE = ("Cost: attention forward ms (+ bias construction ms), peak extr
                  "| fb = forward+backward ms")
 
 
-def render(run_dir: Path, console: Console) -> dict[str, Path]:
-    """Print the tables and write report.md (and the pivoted CSV when there are perplexities)."""
+def rich_table(title: str, header: list[str], body: list[list[str]]) -> Table:
+    table = Table(title=title, title_justify="left")
+    for i, name in enumerate(header):
+        table.add_column(name, justify="left" if i == 0 else "right")
+    for row in body:
+        table.add_row(*row)
+    return table
+
+
+def markdown_table(header: list[str], body: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in body]
+    return "\n".join(lines)
+
+
+def render(run_dir: Path, console: Console, plots: bool = True) -> dict[str, Path]:
+    """Print the tables; write report.md, the pivoted CSV and the plots (PNG)."""
     from relbench.profile import PROFILE_CSV
 
     run_dir = Path(run_dir)
@@ -168,34 +209,52 @@ def render(run_dir: Path, console: Console) -> dict[str, Path]:
     written: dict[str, Path] = {}
     sections = []
     config: dict[str, Any] = {}
-    rows = None
+    rows = summary = None
     if has_rows:
         config = results.require_run(run_dir)
         rows = load_rows(run_dir)
+        summary = aggregate(rows, config)
         ref = reference_length(rows, config)
+        for mode in summary["mode"].unique():
+            stride = rows[rows["mode"] == mode]["stride"].iloc[0] if "stride" in rows else None
+            how = f", stride {int(stride)}" if mode == "sliding" and pd.notna(stride) else ""
+            sections.append((f"Perplexity, {mode}{how} (ratio to L={ref})", *perplexity_table(summary, mode)))
         sections += [
-            (f"Perplexity on the test split (ratio to L={ref})", *perplexity_table(rows, config)),
             ("Cost per layer, batch 1: building the position terms / attention (ms)", *cost_table(rows, config)),
             ("Training", *training_table(run_dir, config)),
         ]
         written["pivot"] = run_dir / PIVOT_CSV
-        results.write_csv(written["pivot"], pivot(rows, config))
+        results.write_csv(written["pivot"], pivot(summary))
     if has_profile:
         sections.append((PROFILE_TITLE, *profile_table(results.read_csv(run_dir / PROFILE_CSV))))
     for title, header, body in sections:
         console.print(rich_table(title, header, body))
+    figures = {}
+    if plots:
+        from relbench import plots as plotting
+
+        figures = plotting.render_all(run_dir, config, summary)
+        written.update({f"plot:{name}": path for name, path in figures.items()})
     written["report"] = run_dir / REPORT_MD
-    results.atomic_write_text(written["report"], markdown(config, rows, sections))
+    results.atomic_write_text(written["report"], markdown(config, rows, summary, sections, figures, run_dir))
     return written
 
 
-def markdown(config: dict[str, Any], rows: pd.DataFrame | None, sections) -> str:
+def markdown(config: dict[str, Any], rows: pd.DataFrame | None, summary: pd.DataFrame | None, sections,
+             figures: dict[str, Path], run_dir: Path) -> str:
     lines = ["# relbench report"]
     if rows is not None:
         lines += ["", *describe_run(config, rows)]
+        if summary is not None and summary["n_seeds"].max() > 1:
+            lines += ["", "Cells: mean perplexity over seeds ± half-width of its 95% interval (Student's t), "
+                          "(x ratio to the training length, averaged over seeds); ~ marks a variant whose paired "
+                          "difference to the best at that length the seeds cannot resolve (95% interval contains 0)."]
     for title, header, body in sections:
         lines += ["", f"## {title}", "", markdown_table(header, body)]
-    notes = rows[rows["status"] != "ok"] if rows is not None else []
+    if figures:
+        lines += ["", "## Plots", ""]
+        lines += [f"![{name}]({path.relative_to(run_dir)})" for name, path in figures.items()]
+    notes = rows[rows["status"] != "ok"].drop_duplicates(["variant", "length", "status"]) if rows is not None else []
     if len(notes):
         lines += ["", "## Not evaluated", ""]
         lines += [f"- {r.variant} at {r.length}: {r.status} ({r.message})" for r in notes.itertuples()]
@@ -204,12 +263,14 @@ def markdown(config: dict[str, Any], rows: pd.DataFrame | None, sections) -> str
 
 def describe_run(config: dict[str, Any], rows: pd.DataFrame) -> list[str]:
     env = config.get("environment", {})
-    model = config["model"]
+    model, train = config["model"], config["train"]
+    seeds = config.get("seeds", [train.get("seed", 0)])
     return [
         f"Preset `{config.get('preset')}`: d_model {model['d_model']}, {model['n_layers']} layers, "
-        f"{model['n_heads']} heads, trained at length {model['train_length']} for {config['train']['steps']} steps "
-        f"of {config['train']['batch_size']} sequences, seed {config['train']['seed']}, on {config.get('dataset_description', config.get('dataset'))}.",
-        f"Scored test tokens per length: {int(rows['n_tokens'].max()):,} (non-overlapping windows).",
+        f"{model['n_heads']} heads, trained at length {model['train_length']} for {train['steps']} steps "
+        f"of {train['batch_size']} sequences ({train.get('precision', 'fp32')}), seeds {', '.join(map(str, seeds))}, "
+        f"on {config.get('dataset_description', config.get('dataset'))}.",
+        f"Scored test tokens per length and mode: {int(rows['n_tokens'].max()):,}.",
         f"Machine: {env.get('platform', '?')}, {env.get('cpu_threads', '?')} threads, device {env.get('device', '?')}; "
         f"torch {env.get('torch', '?')}; relbench {env.get('relbench', '?')} at commit {env.get('git_commit') or 'unknown'}; "
         f"{env.get('date', '')}.",

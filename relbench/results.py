@@ -74,14 +74,19 @@ def read_csv(path: Path) -> pd.DataFrame:
         raise RelbenchError(f"cannot read {path}: {error}; delete it or rerun the command that writes it") from None
 
 
-def upsert(table: pd.DataFrame, row: dict[str, Any], key: list[str]) -> pd.DataFrame:
-    """`table` with `row` appended, replacing any row that has the same values in `key`."""
+def replace_rows(table: pd.DataFrame, key: dict[str, Any], rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """`table` without its rows that match every value in `key`, plus `rows`."""
     if not table.empty and all(k in table.columns for k in key):
         same = pd.Series(True, index=table.index)
-        for k in key:
-            same &= table[k].astype(str) == str(row[k])
+        for k, value in key.items():
+            same &= table[k].astype(str) == str(value)
         table = table[~same]
-    return pd.concat([table, pd.DataFrame([row])], ignore_index=True)
+    return pd.concat([table, pd.DataFrame(rows)], ignore_index=True)
+
+
+def upsert(table: pd.DataFrame, row: dict[str, Any], key: list[str]) -> pd.DataFrame:
+    """`table` with `row` appended, replacing any row that has the same values in `key`."""
+    return replace_rows(table, {k: row[k] for k in key}, [row])
 
 
 def slug(text: str) -> str:

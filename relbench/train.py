@@ -115,7 +115,10 @@ def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, spl
                                 f"try a lower --lr")
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        if step == config.steps - 1:  # what reaches the position parameters at the end, after clipping
+            position_grads = {name: p.grad.norm().item()
+                              for name, p in model.positions.named_parameters() if p.grad is not None}
         optimizer.step()
         running += loss.item()
         running_n += 1
@@ -137,6 +140,7 @@ def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, spl
                             speed=f"{done * tokens_per_step / elapsed:,.0f}")
     seconds = time.perf_counter() - start
     summary = {"variant": spec, "seed": config.seed, "steps": config.steps, "val_loss": val,
+               "grad_norm": float(grad_norm), "position_grad_norms": position_grads,
                "train_seconds": seconds, "tokens_per_s": config.steps * tokens_per_step / seconds,
                "n_params": model.n_params(), "position_params": model.n_params(positions_only=True)}
     return model, rows, summary
@@ -148,33 +152,37 @@ def make_progress(console: Console) -> Progress:
                     TextColumn("{task.fields[speed]} tok/s"), TimeRemainingColumn(), console=console)
 
 
-def train_run(run_dir: Path, specs: list[str], run_config: dict[str, Any], splits: Splits, device: torch.device,
-              force: bool, console: Console) -> list[dict[str, Any]]:
-    """Train every variant in `specs` that has no finished checkpoint (all of them with `force`),
-    saving each checkpoint and the loss curve as soon as the variant finishes."""
+def train_run(run_dir: Path, specs: list[str], seeds: list[int], run_config: dict[str, Any], splits: Splits,
+              device: torch.device, force: bool, console: Console) -> list[dict[str, Any]]:
+    """Train every variant in `specs` once per seed, skipping those with a finished checkpoint (unless
+    `force`), and save each checkpoint and loss curve as soon as it finishes. Seeds run in order,
+    every variant per seed, so an early stop leaves whole seeds."""
     model_config = ModelConfig(**run_config["model"])
-    train_config = TrainConfig(**run_config["train"])
+    base = TrainConfig(**run_config["train"])
     for spec in specs:  # fail on a bad variant or option before any training starts
         positions.build_spec(spec, n_heads=model_config.n_heads, head_dim=model_config.head_dim,
                              d_model=model_config.d_model, train_length=model_config.train_length)
     summaries = []
     with make_progress(console) as progress:
-        for spec in specs:
-            folder = results.checkpoint_dir(run_dir, spec, train_config.seed)
-            meta = results.read_meta(folder)
-            if meta and meta.get("finished") and not force:
-                progress.console.print(f"{spec}: already trained ({folder}); --force trains it again")
-                summaries.append(meta["summary"])
-                continue
-            model, rows, summary = train_variant(spec, model_config, train_config, splits, device, progress)
-            model.config.attention = "auto"  # the backend is a runtime choice, not part of the model
-            meta = {"variant": spec, "seed": train_config.seed, "finished": True, "summary": summary,
-                    "model": to_dict(model.config), "train": to_dict(train_config), "dataset": run_config["dataset"]}
-            results.save_checkpoint(folder, model, meta)
-            _append_train_rows(Path(run_dir) / results.TRAIN_CSV, spec, train_config.seed, rows)
-            progress.console.print(f"{spec}: validation loss {summary['val_loss']:.4f} after {summary['steps']} steps, "
-                                   f"{summary['train_seconds']:.0f} s, {summary['tokens_per_s']:,.0f} tokens/s")
-            summaries.append(summary)
+        for seed in seeds:
+            train_config = dataclasses.replace(base, seed=seed)
+            for spec in specs:
+                label = spec if len(seeds) == 1 else f"{spec} seed {seed}"
+                folder = results.checkpoint_dir(run_dir, spec, seed)
+                meta = results.read_meta(folder)
+                if meta and meta.get("finished") and not force:
+                    progress.console.print(f"{label}: already trained ({folder}); --force trains it again")
+                    summaries.append(meta["summary"])
+                    continue
+                model, rows, summary = train_variant(spec, model_config, train_config, splits, device, progress)
+                model.config.attention = "auto"  # the backend is a runtime choice, not part of the model
+                meta = {"variant": spec, "seed": seed, "finished": True, "summary": summary,
+                        "model": to_dict(model.config), "train": to_dict(train_config), "dataset": run_config["dataset"]}
+                results.save_checkpoint(folder, model, meta)
+                _append_train_rows(Path(run_dir) / results.TRAIN_CSV, spec, seed, rows)
+                progress.console.print(f"{label}: validation loss {summary['val_loss']:.4f} after {summary['steps']} "
+                                       f"steps, {summary['train_seconds']:.0f} s, {summary['tokens_per_s']:,.0f} tokens/s")
+                summaries.append(summary)
     return summaries
 
 

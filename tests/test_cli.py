@@ -16,33 +16,69 @@ def run(*args):
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("run")
-    result = run("train", "--preset", "tiny", "--variants", "alibi", "learned", "xl", "--run-dir", run_dir)
+    result = run("train", "--preset", "tiny", "--variants", "alibi", "learned", "xl", "--seeds", 0, 1,
+                 "--run-dir", run_dir)
     assert result.exit_code == 0, result.output
     return run_dir
 
 
 def test_chain_train_extrapolate_report(trained):
-    result = run("extrapolate", "--run-dir", trained, "--lengths", 32, 128)
+    result = run("extrapolate", "--run-dir", trained, "--lengths", 32, 128, "--mode", "nonoverlap", "sliding",
+                 "--stride", 16)
     assert result.exit_code == 0, result.output
     rows = pd.read_csv(trained / "extrapolation.csv")
-    assert len(rows) == 6  # 3 variants x 2 lengths
+    assert len(rows) == 24  # 3 variants x 2 seeds x 2 lengths x 2 modes
     assert set(rows["status"]) == {"ok", "unsupported"}
-    learned_long = rows[(rows["variant"] == "learned") & (rows["length"] == 128)].iloc[0]
-    assert learned_long["status"] == "unsupported" and pd.isna(learned_long["ppl"])
+    learned_long = rows[(rows["variant"] == "learned") & (rows["length"] == 128)]
+    assert (learned_long["status"] == "unsupported").all() and learned_long["ppl"].isna().all()
     ok = rows[rows["status"] == "ok"]
     assert (ok["ppl"] > 1).all() and (ok["ppl"] < 256).all()
-    assert (ok["n_tokens"] == ok["n_tokens"].iloc[0]).all()  # the same scored tokens at every length
+    assert (ok["n_tokens"] == ok["n_tokens"].iloc[0]).all()  # the same scored tokens at every length and mode
     assert (ok["attention_ms"] > 0).all()
+    sliding = ok[ok["mode"] == "sliding"]
+    assert (sliding["stride"] == 16).all() and (sliding["window"] == sliding["length"]).all()
+    nonoverlap_128 = ok[(ok["mode"] == "nonoverlap") & (ok["length"] == 128)]
+    assert (nonoverlap_128["n_windows"] == nonoverlap_128["n_tokens"] // 128).all()
+    bins = pd.read_csv(trained / "positions.csv")
+    for (variant, seed, length, mode), mine in bins.groupby(["variant", "seed", "length", "mode"]):
+        row = ok[(ok["variant"] == variant) & (ok["seed"] == seed) & (ok["length"] == length) & (ok["mode"] == mode)]
+        assert mine["n_tokens"].sum() == row["n_tokens"].iloc[0]
+        assert mine["loss_sum"].sum() / mine["n_tokens"].sum() == pytest.approx(row["loss"].iloc[0], rel=1e-9)
 
     result = run("report", "--run-dir", trained)
     assert result.exit_code == 0, result.output
     assert "Perplexity" in result.output and "alibi" in result.output and "unsupported" in result.output
     report = (trained / "report.md").read_text()
-    assert "| alibi |" in report and "L=128" in report
+    assert "| alibi |" in report and "L=128" in report and "sliding, stride 16" in report
+    assert "±" in report  # two seeds: intervals
     pivot = pd.read_csv(trained / "extrapolation_pivot.csv")
-    alibi = pivot.set_index("variant").loc["alibi"]
+    alibi = pivot[(pivot["variant"] == "alibi") & (pivot["mode"] == "nonoverlap")].iloc[0]
     assert alibi["ratio@32"] == pytest.approx(1.0)
-    assert alibi["ratio@128"] == pytest.approx(alibi["ppl@128"] / alibi["ppl@32"])
+    assert alibi["n_seeds"] == 2
+    per_seed = rows[(rows["variant"] == "alibi") & (rows["mode"] == "nonoverlap") & (rows["length"] == 128)]["ppl"]
+    assert alibi["ppl@128"] == pytest.approx(per_seed.mean())
+    assert alibi["std@128"] == pytest.approx(per_seed.std(ddof=1))
+    for name in ("perplexity_vs_length", "loss_by_position", "learned_bias"):
+        path = trained / "plots" / f"{name}.png"
+        assert path.is_file() and path.stat().st_size > 1000
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"plots/{name}.png" in report
+
+
+def test_inspect_reports_bias_size_reach_and_gradients(trained):
+    result = runner.invoke(app, ["inspect", str(trained), "--variants", "xl", "alibi", "learned"],
+                           env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    frame = pd.read_csv(trained / "inspect.csv")
+    stats = frame.dropna(subset=["head"])
+    assert set(stats["length"]) == {32, 512}
+    assert (stats[stats["variant"] == "alibi"]["bias_spread"] > 0).all()
+    assert (stats[stats["variant"] == "learned"]["bias_spread"] == 0).all()   # no bias at all
+    assert (stats["mean_distance"] >= 0).all() and (stats["mean_distance"] < stats["length"]).all()
+    assert (frame[frame["variant"] == "learned"]["status"] == "unsupported").any()  # 512 > its 32 positions
+    grads = frame.dropna(subset=["grad_norm"])
+    assert set(grads["variant"]) == {"xl", "learned"} and (grads["grad_norm"] > 0).all()
+    assert "mean distance" in result.output
 
 
 def test_train_again_skips_finished_variants(trained):
@@ -53,7 +89,8 @@ def test_train_again_skips_finished_variants(trained):
 
 def test_train_csv_has_a_loss_curve(trained):
     curve = pd.read_csv(trained / "train.csv")
-    assert set(curve["variant"]) == {"alibi", "learned", "xl"}
+    assert set(curve["variant"]) == {"alibi", "learned", "xl"} and set(curve["seed"]) == {0, 1}
+    curve = curve[curve["seed"] == 0]
     alibi = curve[curve["variant"] == "alibi"].sort_values("step")
     assert alibi["train_loss"].iloc[-1] < alibi["train_loss"].iloc[0]  # training lowers the loss
     assert alibi["val_loss"].notna().any()
@@ -124,6 +161,7 @@ def test_profile_writes_rows_and_report_shows_them(tmp_path):
     result = run("report", "--run-dir", tmp_path)
     assert result.exit_code == 0, result.output
     assert "forward+backward" in (tmp_path / "report.md").read_text()
+    assert (tmp_path / "plots" / "attention_cost.png").stat().st_size > 1000
 
 
 def test_profile_records_oom_and_continues(tmp_path):

@@ -1,0 +1,112 @@
+"""`relbench inspect`: the diagnostics people ask for when a position bias does not help.
+
+For every trained variant (one seed), on the first window of the test split:
+- how large the position bias is next to the content logits q.k/sqrt(d), per layer and head. Both
+  are measured as the standard deviation across the keys a query can see, averaged over queries:
+  that is the spread the softmax acts on (a term constant along a row changes nothing);
+- how far attention reaches: the mean distance sum_j p_ij (i - j), averaged over queries, per
+  layer and head, at the training length and at 16x it;
+- the gradient norm that reached each position parameter at the last training step (after
+  clipping), recorded by `relbench train`.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from relbench import results
+from relbench.model import GPT
+
+INSPECT_CSV = "inspect.csv"
+
+
+def _row_spread(values: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """Per head: std over the visible keys of each query row, averaged over rows. values (B, H, L, L)."""
+    count = visible.sum(-1).clamp(min=1)                                        # (L,)
+    masked = values.masked_fill(~visible, 0.0)
+    mean = masked.sum(-1) / count                                               # (B, H, L)
+    var = ((values - mean[..., None]) ** 2).masked_fill(~visible, 0.0).sum(-1) / count
+    return var.sqrt()[..., 1:].mean(dim=(0, -1))                                # (H,), row 0 has one key
+
+
+@torch.no_grad()
+def layer_statistics(model: GPT, tokens: torch.Tensor) -> list[dict[str, Any]]:
+    """Per layer and head, for one window `tokens` (1, L): bias and logit spread, mean distance."""
+    model.eval()
+    L = tokens.shape[-1]
+    x = model.tok(tokens)
+    first = model.positions[0]
+    absolute = first.embed(L)
+    if absolute is not None:
+        x = x + absolute
+    shared = len(model.positions) == 1 and not first.content_dependent
+    shared_plan = first.plan(L, L) if shared else None
+    visible = torch.ones(L, L, dtype=torch.bool, device=tokens.device).tril()   # (L, L)
+    distance = torch.arange(L, device=tokens.device)[:, None] - torch.arange(L, device=tokens.device)[None, :]
+    rows = []
+    for layer, block in enumerate(model.blocks):
+        position = model.position(layer)
+        h = block.ln_attn(x)
+        B, _, D = h.shape
+        q, k, v = block.attn.qkv(h).view(B, L, 3, block.attn.n_heads, -1).permute(2, 0, 3, 1, 4)
+        q, k = position.rotate(q, k)
+        plan = shared_plan if shared else position.plan(L, L, q)
+        logits = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])              # (1, H, L, L)
+        bias = plan.full().expand_as(logits) if plan is not None else torch.zeros_like(logits)
+        probs = torch.softmax((logits + bias).masked_fill(~visible, float("-inf")), dim=-1)
+        reach = (probs * distance).sum(-1).mean(dim=(0, -1))                     # (H,)
+        logit_spread, bias_spread = _row_spread(logits, visible), _row_spread(bias, visible)
+        for head in range(q.shape[1]):
+            rows.append({"layer": layer, "head": head, "logit_spread": float(logit_spread[head]),
+                         "bias_spread": float(bias_spread[head]),
+                         "bias_to_logit": float(bias_spread[head] / logit_spread[head].clamp(min=1e-12)),
+                         "mean_distance": float(reach[head])})
+        x = block(x, position, plan, "reference")
+    return rows
+
+
+def inspect_run(run_dir: Path, specs: list[str], seed: int, lengths: list[int], test: torch.Tensor,
+                device: torch.device) -> pd.DataFrame:
+    out = []
+    for spec in specs:
+        folder = results.checkpoint_dir(run_dir, spec, seed)
+        model = results.load_model(folder, device)
+        grads = (results.read_meta(folder) or {}).get("summary", {}).get("position_grad_norms")
+        for length in lengths:
+            base = {"variant": spec, "seed": seed, "length": length}
+            if model.max_length is not None and length > model.max_length:
+                out.append({**base, "status": "unsupported"})
+                continue
+            tokens = test[:length].long()[None].to(device)
+            out += [{**base, "status": "ok", **row} for row in layer_statistics(model, tokens)]
+        for name, norm in (grads or {}).items():
+            out.append({"variant": spec, "seed": seed, "status": "ok", "parameter": name, "grad_norm": norm})
+    return pd.DataFrame(out)
+
+
+def tables(frame: pd.DataFrame, lengths: list[int]) -> list[tuple[str, list[str], list[list[str]]]]:
+    """One table per variant: layer/head rows; bias-to-logit ratio and mean distance per length."""
+    out = []
+    stats = frame[frame["status"] == "ok"].dropna(subset=["head"]) if "head" in frame else frame.iloc[0:0]
+    for variant, mine in stats.groupby("variant", sort=False):
+        header = ["layer", "head"] + [f"bias/logit L={n}" for n in lengths] + [f"mean distance L={n}" for n in lengths]
+        body = []
+        for (layer, head), rows in mine.groupby(["layer", "head"]):
+            by_length = rows.set_index("length")
+            ratio = [f"{by_length.loc[n, 'bias_to_logit']:.3f}" if n in by_length.index else "-" for n in lengths]
+            reach = [f"{by_length.loc[n, 'mean_distance']:.1f}" if n in by_length.index else "-" for n in lengths]
+            body.append([str(int(layer)), str(int(head))] + ratio + reach)
+        out.append((f"{variant}: position bias vs content logits (row spread), and how far attention reaches",
+                    header, body))
+    if "grad_norm" in frame:
+        grads = frame.dropna(subset=["grad_norm"])
+        if not grads.empty:
+            out.append(("Gradient norm reaching position parameters at the last step (after clipping)",
+                        ["variant", "parameter", "grad norm"],
+                        [[r.variant, r.parameter, f"{r.grad_norm:.3e}"] for r in grads.itertuples()]))
+    return out

@@ -1,0 +1,164 @@
+"""PNG plots of a run, rendered from the same rows as the tables (matplotlib, no display needed).
+
+- perplexity_vs_length.png: perplexity against evaluation length per variant (log x), one panel
+  per evaluation mode, 95% intervals when there are several seeds;
+- loss_by_position.png: mean loss against position inside the window at the longest length, with
+  the training length marked;
+- learned_bias.png: the learned bias against relative distance, per head, for every trained
+  variant with a learned distance bias (xl, t5, ...), with ALiBi's fixed lines for comparison;
+- attention_cost.png: attention time against length per backend, from profile.csv.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import torch  # noqa: E402
+
+from relbench import positions, results  # noqa: E402
+from relbench.positions.base import RelativeBias  # noqa: E402
+
+PLOTS = "plots"
+
+
+def _save(fig, path: Path) -> Path:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    results.atomic_write_bytes(path, buffer.getvalue())
+    return path
+
+
+def _log_axes(ax, xticks: list[int] | None = None) -> None:
+    """Log axes labelled with plain numbers (lengths in base 2)."""
+    plain = matplotlib.ticker.FormatStrFormatter("%g")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    if xticks is not None:
+        ax.set_xticks([int(x) for x in xticks])
+    ax.xaxis.set_major_formatter(plain)
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(plain)
+
+
+def perplexity_vs_length(summary: pd.DataFrame, train_length: int, path: Path) -> Path:
+    modes = list(summary["mode"].unique())
+    fig, axes = plt.subplots(1, len(modes), figsize=(6 * len(modes), 4.2), squeeze=False)
+    for ax, mode in zip(axes[0], modes):
+        for variant, mine in summary[(summary["mode"] == mode) & (summary["status"] == "ok")].groupby("variant", sort=False):
+            mine = mine.sort_values("length")
+            ax.errorbar(mine["length"], mine["ppl_mean"], yerr=mine["ppl_ci95"].fillna(0), marker="o", capsize=3,
+                        label=variant)
+        ax.axvline(train_length, color="grey", linestyle=":", label="training length")
+        ax.set(xlabel="evaluation length (tokens)", ylabel="perplexity", title=f"Perplexity vs length ({mode})")
+        _log_axes(ax, sorted(summary["length"].unique()))
+        ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def loss_by_position(bins: pd.DataFrame, train_length: int, path: Path) -> Path:
+    mode = "nonoverlap" if "nonoverlap" in set(bins["mode"]) else bins["mode"].iloc[0]
+    here = bins[bins["mode"] == mode]
+    longest = int(here["length"].max())
+    here = here[here["length"] == longest]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for variant, mine in here.groupby("variant", sort=False):
+        per_bin = mine.groupby(["bin_start", "bin_end"]).apply(lambda g: g["loss_sum"].sum() / g["n_tokens"].sum(),
+                                                               include_groups=False).reset_index(name="loss")
+        centre = (per_bin["bin_start"] + per_bin["bin_end"] - 1) / 2 + 1
+        ax.plot(centre, per_bin["loss"], marker="o", label=variant)
+    ax.axvline(train_length, color="grey", linestyle=":", label="training length")
+    ax.set(xlabel="position in window (log bins)", ylabel="mean loss (nats)",
+           title=f"Loss by position at length {longest} ({mode})")
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def learned_bias(run_dir: Path, config: dict[str, Any], path: Path) -> Path | None:
+    """Bias against distance per head, layer 0 and the last layer, for learned distance biases."""
+    seed = config.get("seeds", [0])[0]
+    panels = []
+    for variant in config.get("variants", []):
+        folder = results.checkpoint_dir(run_dir, variant, seed)
+        meta = results.read_meta(folder)
+        if not meta or not meta.get("finished"):
+            continue
+        cls = positions.get(positions.parse_spec(variant)[0])
+        if not issubclass(cls, RelativeBias):
+            continue
+        model = results.load_model(folder)
+        if model.n_params(positions_only=True) == 0:
+            continue
+        layers = sorted({0, len(model.positions) - 1})
+        panels += [(variant, layer, model.positions[layer]) for layer in layers]
+    if not panels:
+        return None
+    train_length = int(config["model"]["train_length"])
+    distance = torch.arange(0, 2 * train_length)
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), squeeze=False)
+    for ax, (variant, layer, enc) in zip(axes[0], panels):
+        with torch.no_grad():
+            values = enc.distance_bias(distance).float()                     # (H, D)
+            alibi = -positions.alibi.slopes(enc.n_heads)[:, None] * distance  # (H, D)
+        for h in range(values.shape[0]):
+            line, = ax.plot(distance, values[h] - values[h, 0], label=f"head {h}")
+            ax.plot(distance, alibi[h], color=line.get_color(), linestyle="--", linewidth=0.8, alpha=0.6)
+        shifted = values - values[:, :1]
+        low, high = float(shifted.min()), float(shifted.max())
+        margin = 0.1 * (high - low) + 0.5
+        ax.set(xlabel="distance i - j", ylabel="bias - bias at distance 0", title=f"{variant}, layer {layer}",
+               ylim=(low - margin, high + margin))
+        ax.axvline(train_length, color="grey", linestyle=":")
+    axes[0][0].legend(fontsize=7, title="dashed: ALiBi", title_fontsize=7)
+    return _save(fig, path)
+
+
+def attention_cost(profile: pd.DataFrame, path: Path) -> Path | None:
+    ok = profile[profile["status"] == "ok"].copy()
+    if ok.empty:
+        return None
+    ok["total_ms"] = ok["bias_ms"] + ok["attention_ms"]
+    variants = list(ok["variant"].unique())
+    fig, axes = plt.subplots(1, len(variants), figsize=(4.5 * len(variants), 3.8), squeeze=False, sharey=True)
+    for ax, variant in zip(axes[0], variants):
+        for backend, mine in ok[ok["variant"] == variant].groupby("backend", sort=False):
+            mine = mine.sort_values("length")
+            ax.plot(mine["length"], mine["total_ms"], marker="o", label=backend)
+        ax.set(xlabel="length", title=variant)
+        _log_axes(ax, sorted(ok["length"].unique()))
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("bias + attention forward (ms)")
+    return _save(fig, path)
+
+
+def render_all(run_dir: Path, config: dict[str, Any], summary: pd.DataFrame | None) -> dict[str, Path]:
+    from relbench.evaluate import POSITIONS_CSV
+    from relbench.profile import PROFILE_CSV
+
+    run_dir = Path(run_dir)
+    out: dict[str, Path] = {}
+    folder = run_dir / PLOTS
+    if summary is not None and not summary.empty:
+        train_length = int(config["model"]["train_length"])
+        out["perplexity vs length"] = perplexity_vs_length(summary, train_length, folder / "perplexity_vs_length.png")
+        if (run_dir / POSITIONS_CSV).is_file():
+            out["loss by position"] = loss_by_position(results.read_csv(run_dir / POSITIONS_CSV), train_length,
+                                                       folder / "loss_by_position.png")
+        bias = learned_bias(run_dir, config, folder / "learned_bias.png")
+        if bias is not None:
+            out["learned bias"] = bias
+    if (run_dir / PROFILE_CSV).is_file():
+        cost = attention_cost(results.read_csv(run_dir / PROFILE_CSV), folder / "attention_cost.png")
+        if cost is not None:
+            out["attention cost"] = cost
+    return {name: path for name, path in out.items() if path is not None}
