@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 from typer.core import TyperGroup
 
-from relbench import positions, report, results
+from relbench import checkpoints, positions, report, results
 from relbench.attention import BACKENDS, check
 from relbench.config import (DEFAULT_PRESET, PRECISIONS, PRESETS, EvalConfig, ModelConfig, resolve,
                              resolve_precision, to_dict)
@@ -57,12 +57,14 @@ class Group(TyperGroup):
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         args = spread_variadic(list(sys.argv[1:] if args is None else args))
+        interrupted_message_shown = False
         try:
             code = super().main(args=args, prog_name=prog_name, complete_var=complete_var,
                                 standalone_mode=False, **extra)
         except RelbenchError as error:
-            err_console.print(f"error: {error}", markup=False)
+            err_console.print(f"{error.prefix}{error}", markup=False)
             code = error.exit_code
+            interrupted_message_shown = True
         except typer.Abort:
             err_console.print("interrupted", markup=False)
             code = 130
@@ -74,6 +76,9 @@ class Group(TyperGroup):
             err_console.print(f"error: {message} (see `{where} --help`)", markup=False)
             code = error.exit_code
         code = code if isinstance(code, int) else 0
+        if code == 130 and not interrupted_message_shown:
+            err_console.print("interrupted: everything finished so far is kept; run the same command again to "
+                              "compute the rest", markup=False)
         if standalone_mode:
             sys.exit(code)
         return code
@@ -210,12 +215,13 @@ def train_command(
 
     Example: relbench train --variants xl t5 alibi --preset quick
     """
-    _train(run_dir, variants, preset, dataset, seeds, steps, train_length, batch_size, lr, device, force,
-           attention, precision)
+    with results.RunLock(run_dir):
+        _train(run_dir, variants, preset, dataset, seeds, steps, train_length, batch_size, lr, device, force,
+               attention, precision)
 
 def _extrapolate(run_dir: Path, lengths: list[int] | None, variants: list[str] | None, attention: str,
                  eval_tokens: int | None, device: str, seeds: list[int] | None = None,
-                 modes: list[str] | None = None, stride: int | None = None) -> None:
+                 modes: list[str] | None = None, stride: int | None = None, force: bool = False) -> None:
     from relbench.data import load_splits
     from relbench.evaluate import MODES, extrapolate_run, scored_stream, validate_lengths
 
@@ -236,7 +242,7 @@ def _extrapolate(run_dir: Path, lengths: list[int] | None, variants: list[str] |
     seeds = unique("seed", seeds) if seeds else config.get("seeds", [0])
     pairs = [(s, seed) for seed in seeds for s in specs]
     trained = [(s, seed) for s, seed in pairs
-               if (results.read_meta(results.checkpoint_dir(run_dir, s, seed)) or {}).get("finished")]
+               if (checkpoints.read_meta(results.checkpoint_dir(run_dir, s, seed)) or {}).get("finished")]
     missing = [p for p in pairs if p not in trained]
     if (variants or config.get("seeds") != seeds) and missing:
         spec, seed = missing[0]
@@ -258,7 +264,8 @@ def _extrapolate(run_dir: Path, lengths: list[int] | None, variants: list[str] |
     console.print(f"evaluating {len(trained)} checkpoint(s) at lengths {', '.join(map(str, lengths))} "
                   f"({', '.join(modes)}{f', stride {stride}' if 'sliding' in modes else ''}) on "
                   f"{stream.numel() - 1:,} test tokens ({attention} attention, {target})")
-    extrapolate_run(Path(run_dir), trained, lengths, modes, stride, stream, eval_config, attention, target, console)
+    extrapolate_run(Path(run_dir), trained, lengths, modes, stride, stream, eval_config, attention, target, console,
+                    force)
 
 
 def unique(what: str, values: list) -> list:
@@ -280,6 +287,7 @@ def extrapolate_command(
     attention: Attention = "auto",
     eval_tokens: Annotated[int | None, typer.Option(help="Scored test tokens per length (default: the preset's).")] = None,
     device: Device = "auto",
+    force: Annotated[bool, typer.Option(help="Recompute rows that are already in extrapolation.csv.")] = False,
 ) -> None:
     """Perplexity of every trained variant at growing lengths, and the cost of bias and attention.
 
@@ -290,7 +298,9 @@ def extrapolate_command(
     """
     if eval_tokens is not None and eval_tokens < 1:
         raise UsageError("--eval-tokens must be positive")
-    _extrapolate(run_dir, lengths, variants, attention, eval_tokens, device, seeds, mode, stride)
+    results.require_run(run_dir)
+    with results.RunLock(run_dir):
+        _extrapolate(run_dir, lengths, variants, attention, eval_tokens, device, seeds, mode, stride, force)
 
 @app.command("profile")
 def profile_command(
@@ -325,9 +335,9 @@ def profile_command(
     for backend in backends:
         check(backend)
     target = resolve_device(device)
-    Path(run_dir).mkdir(parents=True, exist_ok=True)
-    table = profile_run(Path(run_dir) / PROFILE_CSV, specs, backends, lengths, batch, heads, head_dim, str(target),
-                        repeats, train_max, timeout, console)
+    with results.RunLock(run_dir):
+        table = profile_run(Path(run_dir) / PROFILE_CSV, specs, backends, lengths, batch, heads, head_dim, str(target),
+                            repeats, train_max, timeout, console)
     console.print(report.rich_table(f"Profile ({target}, batch {batch}, {heads} heads x {head_dim})",
                                     *report.profile_table(table)))
     console.print(f"wrote {Path(run_dir) / PROFILE_CSV}")
@@ -355,15 +365,16 @@ def inspect_command(
     specs = variants or config.get("variants", [])
     for spec in specs:
         positions.parse_spec(spec)
-        meta = results.read_meta(results.checkpoint_dir(run, spec, seed))
+        meta = checkpoints.read_meta(results.checkpoint_dir(run, spec, seed))
         if not meta or not meta.get("finished"):
             raise RelbenchError(f"variant {spec} seed {seed} has no finished checkpoint in {run}; "
                                 f"run `relbench train --run-dir {run} --variants {spec} --seeds {seed}`")
     train_length = int(config["model"]["train_length"])
     splits = load_splits(None if config["dataset"] == "sotu" else config["dataset"])
     lengths = validate_lengths(list(lengths) if lengths else [train_length, 16 * train_length], splits.test.size)
-    frame = inspect_run(Path(run), specs, seed, lengths, torch.from_numpy(splits.test), resolve_device(device))
-    results.write_csv(Path(run) / INSPECT_CSV, frame)
+    with results.RunLock(run):
+        frame = inspect_run(Path(run), specs, seed, lengths, torch.from_numpy(splits.test), resolve_device(device))
+        results.write_csv(Path(run) / INSPECT_CSV, frame)
     for title, header, body in tables(frame, lengths):
         console.print(report.rich_table(title, header, body))
     console.print(f"wrote {Path(run) / INSPECT_CSV}")
@@ -375,8 +386,15 @@ def report_command(run_dir: RunDir = results.DEFAULT_RUN_DIR) -> None:
 
     Example: relbench report --run-dir runs/default
     """
+    if not Path(run_dir).is_dir():
+        results.require_run(run_dir)  # says the directory does not exist
+    with results.RunLock(run_dir):
+        _report(run_dir)
+
+
+def _report(run_dir: Path) -> None:
     written = report.render(run_dir, console)
-    console.print("wrote " + " and ".join(str(path) for path in written.values()))
+    console.print("wrote " + ", ".join(str(path) for path in written.values()))
 
 @app.command("bench")
 def bench_command(
@@ -390,9 +408,10 @@ def bench_command(
 
     Example: relbench bench        (every variant, lengths 256 1024 4096, about 15 minutes on 2 cores)
     """
-    config = _train(run_dir, variants, preset, None, None, None, None, None, None, device, False)
-    _extrapolate(run_dir, lengths, variants or config["variants"], "auto", None, device)
-    report_command(run_dir)
+    with results.RunLock(run_dir):
+        config = _train(run_dir, variants, preset, None, None, None, None, None, None, device, False)
+        _extrapolate(run_dir, lengths, variants or config["variants"], "auto", None, device)
+        _report(run_dir)
 
 def main() -> None:
     app()

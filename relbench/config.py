@@ -71,11 +71,12 @@ class TrainConfig:
     precision: str = "auto"         # "bf16" (autocast of matrix products), "fp32", or "auto": bf16 where
                                     # the hardware has native bf16, else fp32 (see resolve_precision)
     eval_every: int = 100           # validation loss every this many steps (and at the end)
+    checkpoint_every: int = 100     # resumable checkpoint every this many steps (and on Ctrl-C / SIGTERM)
     eval_batches: int = 4           # validation batches (fixed, the same for every variant)
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "eval_every", "eval_batches"):
+        for name in ("steps", "batch_size", "eval_every", "eval_batches", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise UsageError(f"{name} must be positive, got {getattr(self, name)}")
         if not self.lr > 0:
@@ -94,7 +95,7 @@ class EvalConfig:
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "tiny": {   # seconds: tests and smoke runs
         "model": dict(d_model=32, n_layers=2, n_heads=2, train_length=32),
-        "train": dict(steps=30, batch_size=8, lr=3e-3, warmup_steps=5, eval_every=15, eval_batches=2,
+        "train": dict(steps=30, batch_size=8, lr=3e-3, warmup_steps=5, eval_every=15, eval_batches=2, checkpoint_every=5,
                       position_lr_scale=30.0),
         "eval": dict(eval_tokens=2048, max_batch_tokens=4096),
     },

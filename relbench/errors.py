@@ -9,6 +9,7 @@ class RelbenchError(Exception):
     """A runtime problem with a message that says what is wrong and how to fix it (exit code 1)."""
 
     exit_code = 1
+    prefix = "error: "  # how the CLI introduces the message
 
 
 class UsageError(RelbenchError):

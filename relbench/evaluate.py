@@ -27,7 +27,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from relbench import results
+from relbench import checkpoints, results
 from relbench.config import EvalConfig
 from relbench.errors import UsageError
 from relbench.model import GPT
@@ -192,33 +192,50 @@ def layer_cost(model: GPT, length: int, backend: str, device: torch.device) -> d
 
 def extrapolate_run(run_dir: Path, pairs: list[tuple[str, int]], lengths: list[int], modes: list[str],
                     stride: int | None, stream: torch.Tensor, eval_config: EvalConfig, backend: str,
-                    device: torch.device, console) -> pd.DataFrame:
+                    device: torch.device, console, force: bool = False) -> pd.DataFrame:
     """Evaluate every (variant, seed) in `pairs` at every length and mode. Rows are written to
-    extrapolation.csv and positions.csv as each finishes, replacing earlier rows with the same key.
-    The cost of bias and attention is measured once per variant and length (it does not depend on
-    the seed or the mode)."""
+    extrapolation.csv and positions.csv as each finishes, replacing earlier rows with the same key;
+    rows already there for the same protocol (stride, scored tokens) are kept and not recomputed
+    unless `force`, so an interrupted run computes only the rest when run again. The cost of bias
+    and attention is measured once per variant and length (it depends on neither seed nor mode)."""
     path, bins_path = Path(run_dir) / results.EXTRAPOLATION_CSV, Path(run_dir) / POSITIONS_CSV
-    table = results.read_csv(path) if path.is_file() else pd.DataFrame()
-    bins = results.read_csv(bins_path) if bins_path.is_file() else pd.DataFrame()
+    table = results.read_csv(path, set(ROW_KEY) | {"status", "stride", "n_tokens"}) if path.is_file() else pd.DataFrame()
+    bins = results.read_csv(bins_path, set(ROW_KEY)) if bins_path.is_file() else pd.DataFrame()
+    n_scored = stream.numel() - 1
     costs: dict[tuple[str, int], dict] = {}
     for spec, seed in pairs:
-        model = results.load_model(results.checkpoint_dir(run_dir, spec, seed), device)
+        todo = [(length, mode) for length in lengths for mode in modes
+                if force or not _done(table, spec, seed, length, mode, length if mode == "nonoverlap" else stride, n_scored)]
+        if len(todo) < len(lengths) * len(modes):
+            console.print(f"{spec:<12} seed {seed}: {len(lengths) * len(modes) - len(todo)} row(s) already computed, kept",
+                          markup=False)
+        if not todo:
+            continue
+        model = checkpoints.load_model(results.checkpoint_dir(run_dir, spec, seed), device)
         model.config.attention = backend
-        for length in lengths:
-            for mode in modes:
-                row, result = evaluate_variant(model, spec, seed, stream, length, mode, stride,
-                                               eval_config.max_batch_tokens, backend, device)
-                if result is not None:
-                    if (spec, length) not in costs:
-                        costs[spec, length] = layer_cost(model, length, backend, device)
-                    row.update(costs[spec, length])
-                    key = {"variant": spec, "seed": seed, "length": length, "mode": mode}
-                    bins = results.replace_rows(bins, key, position_rows(result, key))
-                shown = f"ppl {row['ppl']:.3f}" if row["status"] == "ok" else row["status"]
-                console.print(f"{spec:<12} seed {seed} L={length:<6} {mode:<10} {shown:<14} "
-                              + (f"{row['eval_s']:.1f}s" if row["status"] == "ok" else row["message"]), markup=False)
-                table = results.upsert(table, row, ROW_KEY)
-                results.write_csv(path, table)
-                results.write_csv(bins_path, bins)
+        for length, mode in todo:
+            row, result = evaluate_variant(model, spec, seed, stream, length, mode, stride,
+                                           eval_config.max_batch_tokens, backend, device)
+            if result is not None:
+                if (spec, length) not in costs:
+                    costs[spec, length] = layer_cost(model, length, backend, device)
+                row.update(costs[spec, length])
+                key = {"variant": spec, "seed": seed, "length": length, "mode": mode}
+                bins = results.replace_rows(bins, key, position_rows(result, key))
+            shown = f"ppl {row['ppl']:.3f}" if row["status"] == "ok" else row["status"]
+            console.print(f"{spec:<12} seed {seed} L={length:<6} {mode:<10} {shown:<14} "
+                          + (f"{row['eval_s']:.1f}s" if row["status"] == "ok" else row["message"]), markup=False)
+            table = results.upsert(table, row, ROW_KEY)
+            results.write_csv(bins_path, bins)
+            results.write_csv(path, table)
         del model
     return table
+
+
+def _done(table: pd.DataFrame, spec: str, seed: int, length: int, mode: str, stride: int | None, n_scored: int) -> bool:
+    if table.empty:
+        return False
+    same = table[(table["variant"] == spec) & (table["seed"] == seed) & (table["length"] == length)
+                 & (table["mode"] == mode)]
+    return bool(((same["status"].isin(["ok", "unsupported"])) & (same["stride"] == stride)
+                 & (same["n_tokens"] == n_scored)).any())

@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from relbench import results
+from relbench import checkpoints, results
 from relbench.model import GPT
 
 INSPECT_CSV = "inspect.csv"
@@ -35,38 +35,62 @@ def _row_spread(values: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def layer_statistics(model: GPT, tokens: torch.Tensor) -> list[dict[str, Any]]:
-    """Per layer and head, for one window `tokens` (1, L): bias and logit spread, mean distance."""
-    model.eval()
+def attention_layers(model: GPT, tokens: torch.Tensor):
+    """Run `model` on tokens (B, L) layer by layer; for each layer yield (layer, pre-softmax logits
+    q.k/sqrt(d) of shape (B, H, L, L), the position bias broadcastable to them or None)."""
     L = tokens.shape[-1]
     x = model.tok(tokens)
     first = model.positions[0]
     absolute = first.embed(L)
     if absolute is not None:
-        x = x + absolute
+        x = x + absolute.to(x.dtype)
     shared = len(model.positions) == 1 and not first.content_dependent
     shared_plan = first.plan(L, L) if shared else None
-    visible = torch.ones(L, L, dtype=torch.bool, device=tokens.device).tril()   # (L, L)
-    distance = torch.arange(L, device=tokens.device)[:, None] - torch.arange(L, device=tokens.device)[None, :]
-    rows = []
     for layer, block in enumerate(model.blocks):
         position = model.position(layer)
         h = block.ln_attn(x)
-        B, _, D = h.shape
-        q, k, v = block.attn.qkv(h).view(B, L, 3, block.attn.n_heads, -1).permute(2, 0, 3, 1, 4)
+        B = h.shape[0]
+        q, k, _ = block.attn.qkv(h).view(B, L, 3, block.attn.n_heads, -1).permute(2, 0, 3, 1, 4)
         q, k = position.rotate(q, k)
         plan = shared_plan if shared else position.plan(L, L, q)
-        logits = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])              # (1, H, L, L)
-        bias = plan.full().expand_as(logits) if plan is not None else torch.zeros_like(logits)
+        logits = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])              # (B, H, L, L)
+        yield layer, logits, (plan.full() if plan is not None else None)
+        x = block(x, position, plan, "reference")
+
+
+def attention_logit_max(model: GPT, tokens: torch.Tensor) -> float:
+    """The largest |logit| (content + position bias) any query gives any key it can see: the
+    quantity that explodes first when training diverges."""
+    was_training = model.training
+    model.eval()
+    L = tokens.shape[-1]
+    visible = torch.ones(L, L, dtype=torch.bool, device=tokens.device).tril()
+    largest = 0.0
+    for _, logits, bias in attention_layers(model, tokens):
+        total = logits if bias is None else logits + bias
+        largest = max(largest, float(total.masked_fill(~visible, 0).abs().max()))
+    model.train(was_training)
+    return largest
+
+
+@torch.no_grad()
+def layer_statistics(model: GPT, tokens: torch.Tensor) -> list[dict[str, Any]]:
+    """Per layer and head, for one window `tokens` (1, L): bias and logit spread, mean distance."""
+    model.eval()
+    L = tokens.shape[-1]
+    visible = torch.ones(L, L, dtype=torch.bool, device=tokens.device).tril()   # (L, L)
+    distance = torch.arange(L, device=tokens.device)[:, None] - torch.arange(L, device=tokens.device)[None, :]
+    rows = []
+    for layer, logits, bias in attention_layers(model, tokens):
+        bias = torch.zeros_like(logits) if bias is None else bias.expand_as(logits)
         probs = torch.softmax((logits + bias).masked_fill(~visible, float("-inf")), dim=-1)
         reach = (probs * distance).sum(-1).mean(dim=(0, -1))                     # (H,)
         logit_spread, bias_spread = _row_spread(logits, visible), _row_spread(bias, visible)
-        for head in range(q.shape[1]):
+        for head in range(logits.shape[1]):
             rows.append({"layer": layer, "head": head, "logit_spread": float(logit_spread[head]),
                          "bias_spread": float(bias_spread[head]),
                          "bias_to_logit": float(bias_spread[head] / logit_spread[head].clamp(min=1e-12)),
                          "mean_distance": float(reach[head])})
-        x = block(x, position, plan, "reference")
     return rows
 
 
@@ -75,8 +99,8 @@ def inspect_run(run_dir: Path, specs: list[str], seed: int, lengths: list[int], 
     out = []
     for spec in specs:
         folder = results.checkpoint_dir(run_dir, spec, seed)
-        model = results.load_model(folder, device)
-        grads = (results.read_meta(folder) or {}).get("summary", {}).get("position_grad_norms")
+        model = checkpoints.load_model(folder, device)
+        grads = (checkpoints.read_meta(folder) or {}).get("summary", {}).get("position_grad_norms")
         for length in lengths:
             base = {"variant": spec, "seed": seed, "length": length}
             if model.max_length is not None and length > model.max_length:

@@ -22,7 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
-from relbench import positions, results  # noqa: E402
+from relbench import checkpoints, positions, results  # noqa: E402
 from relbench.positions.base import RelativeBias  # noqa: E402
 
 PLOTS = "plots"
@@ -90,13 +90,13 @@ def learned_bias(run_dir: Path, config: dict[str, Any], path: Path) -> Path | No
     panels = []
     for variant in config.get("variants", []):
         folder = results.checkpoint_dir(run_dir, variant, seed)
-        meta = results.read_meta(folder)
+        meta = checkpoints.read_meta(folder)
         if not meta or not meta.get("finished"):
             continue
         cls = positions.get(positions.parse_spec(variant)[0])
         if not issubclass(cls, RelativeBias):
             continue
-        model = results.load_model(folder)
+        model = checkpoints.load_model(folder)
         if model.n_params(positions_only=True) == 0:
             continue
         layers = sorted({0, len(model.positions) - 1})

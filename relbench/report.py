@@ -16,7 +16,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from relbench import results
+from relbench import checkpoints, results
 from relbench.errors import RelbenchError
 from relbench.stats import summarize, unresolved
 
@@ -30,7 +30,7 @@ def load_rows(run_dir: Path) -> pd.DataFrame:
     missing = {"variant", "seed", "length", "mode", "status", "ppl"} - set(rows.columns)
     if missing:
         raise RelbenchError(f"{path} lacks columns {sorted(missing)}; rerun `relbench extrapolate`")
-    rows["message"] = rows["message"].fillna("") if "message" in rows else ""
+    rows["message"] = ["" if pd.isna(m) else str(m) for m in rows["message"]] if "message" in rows else ""
     return rows
 
 
@@ -137,7 +137,7 @@ def training_table(run_dir: Path, config: dict[str, Any]) -> tuple[list[str], li
     header = ["variant", "seeds", "params", "position params", "final val loss", "train time (s)", "tokens/s"]
     body = []
     for variant in config.get("variants", []):
-        metas = [results.read_meta(results.checkpoint_dir(run_dir, variant, s)) for s in config.get("seeds", [0])]
+        metas = [checkpoints.read_meta(results.checkpoint_dir(run_dir, variant, s)) for s in config.get("seeds", [0])]
         done = [m["summary"] for m in metas if m and m.get("finished")]
         if not done:
             continue

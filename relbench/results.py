@@ -1,18 +1,25 @@
-"""The run directory: layout, manifest, and atomic writes.
+"""The run directory: layout, locking, checksummed atomic writes.
 
     RUN/config.json                    how the run was made (config, git commit, versions, date)
-    RUN/checkpoints/<variant>-seed<s>/ model.pt (weights) and meta.json (config, steps, status)
+    RUN/checkpoints/<variant>-seed<s>/ model.pt, meta.json, resume.pt (see relbench/checkpoints.py)
     RUN/train.csv                      loss curve: one row per variant x seed x logged step
     RUN/extrapolation.csv              one row per variant x seed x length x mode
-    RUN/report.md, RUN/*_pivot.csv     rendered by `relbench report`
+    RUN/positions.csv, profile.csv, inspect.csv, report.md, *_pivot.csv, plots/
+    RUN/checksums.json                 sha256 of every CSV relbench wrote
+    RUN/.lock                          held by the relbench process working in RUN
 
-Every file is written to a temporary file in the same folder, flushed to disk and renamed over
-the old one, so an interrupted command leaves either the old file or the new one.
+Every file is written to a temporary file in the same folder, flushed to disk, renamed over the
+old one, and the folder is flushed: an interrupted command leaves either the old file or the
+new one. A CSV whose checksum is neither the one relbench last wrote nor the one before (a crash
+between the two renames) was changed or truncated by something else, and is reported as such.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
+import hashlib
+import io
 import json
 import os
 import platform
@@ -46,6 +53,21 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make a rename durable (POSIX); a no-op where folders cannot be opened."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -63,15 +85,54 @@ def read_json(path: Path) -> Any:
         raise RelbenchError(f"cannot read {path}: {error}; delete it or rerun the command that writes it") from None
 
 
+CHECKSUMS = "checksums.json"
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
 def write_csv(path: Path, frame: pd.DataFrame) -> None:
-    atomic_write_text(path, frame.to_csv(index=False))
+    """Write `frame` atomically and record its checksum (keeping the previous one, see module doc)."""
+    path = Path(path)
+    data = frame.to_csv(index=False).encode("utf-8")
+    sums_path = path.parent / CHECKSUMS
+    sums = _read_checksums(sums_path)
+    old = sums.get(path.name, {}).get("current")
+    sums[path.name] = {"current": sha256_bytes(data), "previous": old}
+    write_json(sums_path, sums)
+    atomic_write_bytes(path, data)
 
 
-def read_csv(path: Path) -> pd.DataFrame:
+def _read_checksums(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
     try:
-        return pd.read_csv(path)
-    except (OSError, ValueError, pd.errors.ParserError) as error:
-        raise RelbenchError(f"cannot read {path}: {error}; delete it or rerun the command that writes it") from None
+        sums = json.loads(path.read_text(encoding="utf-8"))
+        return sums if isinstance(sums, dict) else {}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return {}  # a damaged checksum file only loses the check, never data
+
+
+def read_csv(path: Path, required: set[str] | frozenset[str] = frozenset()) -> pd.DataFrame:
+    """A CSV relbench wrote, verified against its recorded checksum and required columns."""
+    path = Path(path)
+    fix = "delete it (or restore it) and rerun the command that writes it"
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise RelbenchError(f"cannot read {path}: {error.strerror}") from None
+    known = _read_checksums(path.parent / CHECKSUMS).get(path.name)
+    if known and sha256_bytes(data) not in (known.get("current"), known.get("previous")):
+        raise RelbenchError(f"{path} was changed or truncated after relbench wrote it (checksum mismatch); {fix}")
+    try:
+        frame = pd.read_csv(io.BytesIO(data))
+    except (ValueError, pd.errors.ParserError, UnicodeDecodeError) as error:
+        raise RelbenchError(f"{path} is not a readable CSV ({str(error).splitlines()[0]}); {fix}") from None
+    missing = set(required) - set(frame.columns)
+    if missing:
+        raise RelbenchError(f"{path} lacks the columns {', '.join(sorted(missing))}; {fix}")
+    return frame
 
 
 def replace_rows(table: pd.DataFrame, key: dict[str, Any], rows: list[dict[str, Any]]) -> pd.DataFrame:
@@ -135,45 +196,32 @@ def require_run(run_dir: Path) -> dict[str, Any]:
     return read_json(run_dir / CONFIG)
 
 
-# ---- checkpoints ------------------------------------------------------------------------------------
-MODEL_FILE = "model.pt"
-META_FILE = "meta.json"
+class RunLock:
+    """An exclusive lock on a run directory for the length of a command. A second relbench process
+    on the same directory gets a clear error instead of interleaving its writes."""
 
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / ".lock"
+        self.handle = None
 
-def save_checkpoint(folder: Path, model: torch.nn.Module, meta: dict[str, Any]) -> None:
-    """Weights (model.pt, a plain state dict) and meta.json, each written atomically; meta last,
-    so a checkpoint whose meta says finished always has its weights."""
-    import io
+    def __enter__(self) -> "RunLock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.handle = open(self.path, "a+")
+        try:
+            fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self.handle.seek(0)
+            holder = self.handle.read().strip() or "unknown"
+            self.handle.close()
+            raise RelbenchError(f"another relbench process (pid {holder}) is working in {self.path.parent}; "
+                                f"wait for it to finish, or use another --run-dir") from None
+        self.handle.seek(0)
+        self.handle.truncate()
+        self.handle.write(str(os.getpid()))
+        self.handle.flush()
+        return self
 
-    buffer = io.BytesIO()
-    torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, buffer)
-    atomic_write_bytes(Path(folder) / MODEL_FILE, buffer.getvalue())
-    write_json(Path(folder) / META_FILE, meta)
-
-
-def read_meta(folder: Path) -> dict[str, Any] | None:
-    path = Path(folder) / META_FILE
-    return read_json(path) if path.is_file() else None
-
-
-def load_model(folder: Path, device: torch.device | str = "cpu"):
-    """The GPT saved in `folder`, on `device`, in eval mode. Loaded with torch's safe loader
-    (weights only, no arbitrary pickle); a missing or corrupt file is reported with its path."""
-    from relbench.config import ModelConfig
-    from relbench.model import GPT
-
-    meta = read_meta(folder)
-    if meta is None:
-        raise RelbenchError(f"no checkpoint in {folder}; run `relbench train` for this variant")
-    path = Path(folder) / MODEL_FILE
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # truncated zip, wrong format, unpickling refused
-        raise RelbenchError(f"checkpoint {path} is corrupt or unreadable ({type(error).__name__}); "
-                            f"retrain it with `relbench train --force --variants {meta.get('variant', '?')}`") from None
-    model = GPT(ModelConfig(**meta["model"]))
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as error:
-        raise RelbenchError(f"checkpoint {path} does not match its config: {str(error).splitlines()[0]}") from None
-    return model.to(device).eval()
+    def __exit__(self, *exc) -> None:
+        if self.handle is not None:
+            fcntl.flock(self.handle, fcntl.LOCK_UN)
+            self.handle.close()

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -19,10 +21,11 @@ import torch.nn.functional as F
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-from relbench import positions, results
+from relbench import checkpoints, positions, results
 from relbench.config import ModelConfig, TrainConfig, to_dict
 from relbench.data import Splits
 from relbench.errors import RelbenchError
+from relbench.inspect import attention_logit_max
 from relbench.model import GPT
 
 
@@ -83,36 +86,92 @@ def validation_loss(model: GPT, windows: list[torch.Tensor], device: torch.devic
     return total / count
 
 
-def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, splits: Splits,
-                  device: torch.device, progress: Progress | None = None) -> tuple[GPT, list[dict[str, Any]], dict[str, Any]]:
-    """Train variant `spec` from scratch; returns the model, the loss-curve rows and a summary."""
+class StopRequest:
+    """While active, SIGINT (Ctrl-C) and SIGTERM ask training to stop at the end of the current step,
+    after saving a resumable checkpoint; a second signal stops at once."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def __enter__(self) -> "StopRequest":
+        if threading.current_thread() is threading.main_thread():
+            self._old = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self._old.items():
+            signal.signal(s, handler)
+
+
+class Interrupted(RelbenchError):
+    """Training stopped on a signal after saving where it was; running it again resumes."""
+
+    prefix = ""  # the message starts with "interrupted:"
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.exit_code = 128 + signum   # 130 for SIGINT, 143 for SIGTERM
+
+
+class Diverged(Exception):
+    def __init__(self, step: int, loss: float):
+        super().__init__(f"loss {loss} at step {step}")
+        self.step, self.loss = step, loss
+
+
+def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, splits: Splits, device: torch.device,
+                  progress: Progress | None = None, folder: Path | None = None,
+                  stop: StopRequest | None = None) -> tuple[GPT, list[dict[str, Any]], dict[str, Any]]:
+    """Train variant `spec`; returns the model, the loss-curve rows and a summary.
+
+    With a checkpoint `folder`, a resumable state is saved there every `checkpoint_every` steps and
+    when `stop` is requested, and training resumes from it when present. The batch and learning rate
+    of a step depend on the step alone, so a resumed run ends with exactly the weights of an
+    uninterrupted one."""
     model_config = dataclasses.replace(model_config, position=spec, attention=config.attention)
     model = GPT(model_config, seed=config.seed).to(device)
-    def autocast():  # bf16 matrix products when asked; parameters and optimiser stay fp32
-        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.precision == "bf16")
-
     model.train()
     optimizer = make_optimizer(model, config)
+    identity = {"model": to_dict(model_config), "train": to_dict(config)}
+    state: dict[str, Any] = {"step": 0, "rows": [], "running": 0.0, "running_n": 0, "val": float("nan"),
+                             "elapsed": 0.0, "max_logit": 0.0, "identity": identity}
+    resume = checkpoints.load_resume(folder) if folder is not None else None
+    if resume is not None:
+        if resume["state"].get("identity") != identity:
+            raise RelbenchError(f"{folder}/{checkpoints.RESUME_FILE} was saved with another configuration; "
+                                f"delete it to train {spec} from step 0")
+        model.load_state_dict(resume["model"])
+        optimizer.load_state_dict(resume["optimizer"])
+        state = resume["state"]
     train_tokens = torch.from_numpy(splits.train)
     val_windows = validation_windows(torch.from_numpy(splits.validation), config.eval_batches,
                                      config.batch_size, model_config.train_length)
     tokens_per_step = config.batch_size * model_config.train_length
-    task = progress.add_task(spec, total=config.steps, loss="-", val="-", speed="-") if progress else None
-    rows: list[dict[str, Any]] = []
-    running, running_n = 0.0, 0
-    start = time.perf_counter()
-    val = float("nan")
-    for step in range(config.steps):
+    log_every = max(1, config.steps // 50)
+    task = progress.add_task(spec, total=config.steps, completed=state["step"], loss="-", val="-", speed="-") \
+        if progress else None
+    started, first_step = time.perf_counter(), state["step"]
+    position_grads: dict[str, float] = {}
+    grad_norm = torch.tensor(float("nan"))
+    for step in range(state["step"], config.steps):
         lr = lr_at(step, config)
         for group in optimizer.param_groups:
             group["lr"] = lr * group["lr_scale"]
         x, y = batch_at(train_tokens, step, config.seed, config.batch_size, model_config.train_length)
-        with autocast():
-            logits = model(x.to(device))                                       # (B, L, V)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), y.to(device).flatten())
+        x, y = x.to(device), y.to(device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.precision == "bf16"):
+            logits = model(x)                                                  # (B, L, V)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
         if not torch.isfinite(loss):
-            raise RelbenchError(f'training "{spec}" diverged at step {step} (loss {float(loss)}); '
-                                f"try a lower --lr")
+            raise Diverged(step, loss.item())
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
@@ -120,30 +179,43 @@ def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, spl
             position_grads = {name: p.grad.norm().item()
                               for name, p in model.positions.named_parameters() if p.grad is not None}
         optimizer.step()
-        running += loss.item()
-        running_n += 1
         done = step + 1
         last = done == config.steps
+        state["running"] += loss.item()
+        state["running_n"] += 1
         if done % config.eval_every == 0 or last:
-            val = validation_loss(model, val_windows, device)
-        if done % max(1, config.steps // 50) == 0 or done % config.eval_every == 0 or last:
-            elapsed = time.perf_counter() - start
-            rows.append({"variant": spec, "seed": config.seed, "step": done, "tokens": done * tokens_per_step,
-                         "lr": lr, "train_loss": running / running_n,
-                         "val_loss": val if (done % config.eval_every == 0 or last) else float("nan"),
-                         "elapsed_s": elapsed, "tokens_per_s": done * tokens_per_step / elapsed})
-            running, running_n = 0.0, 0
+            state["val"] = validation_loss(model, val_windows, device)
+        if done % log_every == 0 or done % config.eval_every == 0 or last:
+            max_logit = attention_logit_max(model, x[:1])
+            state["max_logit"] = max(state["max_logit"], max_logit)
+            elapsed = state["elapsed"] + time.perf_counter() - started
+            state["rows"].append({
+                "variant": spec, "seed": config.seed, "step": done, "tokens": done * tokens_per_step, "lr": lr,
+                "train_loss": state["running"] / state["running_n"],
+                "val_loss": state["val"] if (done % config.eval_every == 0 or last) else float("nan"),
+                "max_attention_logit": max_logit, "elapsed_s": elapsed,
+                "tokens_per_s": (done - first_step) * tokens_per_step / (time.perf_counter() - started)})
+            state["running"], state["running_n"] = 0.0, 0
+        state["step"] = done
         if progress is not None:
-            elapsed = time.perf_counter() - start
+            rate = (done - first_step) * tokens_per_step / (time.perf_counter() - started)
             progress.update(task, completed=done, loss=f"{loss.item():.3f}",
-                            val=f"{val:.3f}" if math.isfinite(val) else "-",
-                            speed=f"{done * tokens_per_step / elapsed:,.0f}")
-    seconds = time.perf_counter() - start
-    summary = {"variant": spec, "seed": config.seed, "steps": config.steps, "val_loss": val,
+                            val=f"{state['val']:.3f}" if math.isfinite(state["val"]) else "-", speed=f"{rate:,.0f}")
+        stopping = stop is not None and stop.signum is not None
+        if folder is not None and not last and (stopping or done % config.checkpoint_every == 0):
+            state["elapsed"] += time.perf_counter() - started
+            started, first_step = time.perf_counter(), done
+            checkpoints.save_resume(folder, model, optimizer, state)
+        if stopping and not last:
+            raise Interrupted(f"interrupted: {spec} seed {config.seed} stopped at step {done} of {config.steps} and "
+                              f"saved in {folder}; run the same `relbench train` again to resume", stop.signum)
+    seconds = state["elapsed"] + time.perf_counter() - started
+    summary = {"variant": spec, "seed": config.seed, "steps": config.steps, "val_loss": state["val"],
                "grad_norm": float(grad_norm), "position_grad_norms": position_grads,
-               "train_seconds": seconds, "tokens_per_s": config.steps * tokens_per_step / seconds,
+               "max_attention_logit": state["max_logit"], "train_seconds": seconds,
+               "tokens_per_s": config.steps * tokens_per_step / seconds,
                "n_params": model.n_params(), "position_params": model.n_params(positions_only=True)}
-    return model, rows, summary
+    return model, state["rows"], summary
 
 
 def make_progress(console: Console) -> Progress:
@@ -156,33 +228,48 @@ def train_run(run_dir: Path, specs: list[str], seeds: list[int], run_config: dic
               device: torch.device, force: bool, console: Console) -> list[dict[str, Any]]:
     """Train every variant in `specs` once per seed, skipping those with a finished checkpoint (unless
     `force`), and save each checkpoint and loss curve as soon as it finishes. Seeds run in order,
-    every variant per seed, so an early stop leaves whole seeds."""
+    every variant per seed. Ctrl-C or SIGTERM saves a resumable state and stops (see StopRequest); a
+    variant whose loss stops being finite keeps its last good state and the others go on."""
     model_config = ModelConfig(**run_config["model"])
     base = TrainConfig(**run_config["train"])
     for spec in specs:  # fail on a bad variant or option before any training starts
         positions.build_spec(spec, n_heads=model_config.n_heads, head_dim=model_config.head_dim,
                              d_model=model_config.d_model, train_length=model_config.train_length)
-    summaries = []
-    with make_progress(console) as progress:
+    summaries, failures = [], []
+    with StopRequest() as stop, make_progress(console) as progress:
         for seed in seeds:
             train_config = dataclasses.replace(base, seed=seed)
             for spec in specs:
                 label = spec if len(seeds) == 1 else f"{spec} seed {seed}"
                 folder = results.checkpoint_dir(run_dir, spec, seed)
-                meta = results.read_meta(folder)
+                meta = checkpoints.read_meta(folder)
                 if meta and meta.get("finished") and not force:
                     progress.console.print(f"{label}: already trained ({folder}); --force trains it again")
                     summaries.append(meta["summary"])
                     continue
-                model, rows, summary = train_variant(spec, model_config, train_config, splits, device, progress)
+                if force and meta is not None:
+                    (folder / checkpoints.RESUME_FILE).unlink(missing_ok=True)
+                try:
+                    model, rows, summary = train_variant(spec, model_config, train_config, splits, device, progress,
+                                                         folder, stop)
+                except Diverged as error:
+                    message = (f"{label} diverged ({error}); its last good state is kept in {folder}; "
+                               f"try a lower --lr, or --force to start it again")
+                    checkpoints.write_status(folder, {"variant": spec, "seed": seed, "finished": False,
+                                                      "status": "diverged", "message": message})
+                    progress.console.print(message, markup=False)
+                    failures.append(message)
+                    continue
                 model.config.attention = "auto"  # the backend is a runtime choice, not part of the model
-                meta = {"variant": spec, "seed": seed, "finished": True, "summary": summary,
+                meta = {"variant": spec, "seed": seed, "finished": True, "status": "finished", "summary": summary,
                         "model": to_dict(model.config), "train": to_dict(train_config), "dataset": run_config["dataset"]}
-                results.save_checkpoint(folder, model, meta)
                 _append_train_rows(Path(run_dir) / results.TRAIN_CSV, spec, seed, rows)
+                checkpoints.save_checkpoint(folder, model, meta)
                 progress.console.print(f"{label}: validation loss {summary['val_loss']:.4f} after {summary['steps']} "
                                        f"steps, {summary['train_seconds']:.0f} s, {summary['tokens_per_s']:,.0f} tokens/s")
                 summaries.append(summary)
+    if failures:
+        raise RelbenchError(f"{len(failures)} training run(s) diverged, the others finished: " + " | ".join(failures))
     return summaries
 
 

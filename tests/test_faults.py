@@ -1,0 +1,273 @@
+"""Fault injection: kills and resumes, truncated files, random datasets, fuzzed arguments, locks,
+out-of-memory and diverging training. Nothing finished may be lost, and no mistake may end in a
+traceback."""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from relbench import checkpoints, results
+from relbench.cli import app
+
+runner = CliRunner()
+STEPS = 150
+TRAIN = ["train", "--preset", "tiny", "--variants", "xl", "--steps", str(STEPS)]
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def state(run_dir: Path, spec: str = "xl", seed: int = 0) -> dict[str, torch.Tensor]:
+    return torch.load(results.checkpoint_dir(run_dir, spec, seed) / checkpoints.MODEL_FILE, weights_only=True)
+
+
+def curve(run_dir: Path) -> pd.DataFrame:
+    return pd.read_csv(run_dir / "train.csv").drop(columns=["elapsed_s", "tokens_per_s"])
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("straight")
+    result = run(*TRAIN, "--run-dir", run_dir)
+    assert result.exit_code == 0, result.output
+    return run_dir
+
+
+def test_killed_and_resumed_training_ends_with_identical_weights(uninterrupted, tmp_path):
+    """Interrupt `relbench train` at random steps with SIGINT, SIGTERM and SIGKILL, several times in
+    a row, resuming each time: the final weights and loss curve equal the uninterrupted run's."""
+    rng = random.Random(1234)
+    folder = results.checkpoint_dir(tmp_path, "xl", 0)
+    interruptions = []
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    for attempt in range(8):
+        process = subprocess.Popen([sys.executable, "-m", "relbench", *TRAIN, "--run-dir", str(tmp_path)],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        if attempt < 4:  # the first four attempts are cut short; later ones are left to finish
+            deadline = time.time() + 60
+            before = _resume_step(folder)
+            while time.time() < deadline and _resume_step(folder) == before and process.poll() is None:
+                time.sleep(0.02)   # wait until this attempt has made progress
+            time.sleep(rng.uniform(0, 0.3))
+            how = [signal.SIGINT, signal.SIGTERM, signal.SIGKILL][attempt % 3]
+            process.send_signal(how)
+            interruptions.append((how.name, _resume_step(folder)))
+        out, err = process.communicate(timeout=120)
+        if how != signal.SIGKILL and process.returncode not in (0, None):
+            assert process.returncode in (130, 143), err.decode()
+            assert b"Traceback" not in err and b"interrupted:" in err, err.decode()
+        meta = checkpoints.read_meta(folder)
+        if meta and meta.get("finished"):
+            break
+    assert len(interruptions) >= 3, interruptions
+    assert checkpoints.read_meta(folder)["finished"]
+    expected, got = state(uninterrupted), state(tmp_path)
+    assert expected.keys() == got.keys()
+    for name in expected:
+        assert torch.equal(expected[name], got[name]), name
+    pd.testing.assert_frame_equal(curve(uninterrupted), curve(tmp_path))
+
+
+def _resume_step(folder: Path) -> int:
+    try:
+        payload = checkpoints.load_resume(folder)
+    except Exception:  # being written at this instant
+        return -1
+    return -1 if payload is None else payload["state"]["step"]
+
+
+@pytest.fixture()
+def finished(uninterrupted, tmp_path):
+    """A copy of a finished, evaluated run to damage."""
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(uninterrupted, run_dir)
+    result = run("extrapolate", "--run-dir", run_dir, "--lengths", 32, 64)
+    assert result.exit_code == 0, result.output
+    return run_dir
+
+
+def one_line_error(result, *fragments):
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    assert lines[-1].startswith("error:"), result.output
+    for fragment in fragments:
+        assert fragment in lines[-1], lines[-1]
+
+
+@pytest.mark.parametrize("keep", [0, 100, 0.5])
+def test_truncated_checkpoint_is_detected_with_its_path(finished, keep):
+    path = results.checkpoint_dir(finished, "xl", 0) / checkpoints.MODEL_FILE
+    data = path.read_bytes()
+    path.write_bytes(data[: int(keep * len(data)) if isinstance(keep, float) else keep])
+    one_line_error(run("extrapolate", "--run-dir", finished, "--lengths", 128), str(path), "corrupt")
+
+
+def test_flipped_byte_in_checkpoint_is_detected(finished):
+    path = results.checkpoint_dir(finished, "xl", 0) / checkpoints.MODEL_FILE
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    one_line_error(run("extrapolate", "--run-dir", finished, "--lengths", 128), str(path), "checksum")
+
+
+@pytest.mark.parametrize("name", ["extrapolation.csv", "positions.csv", "train.csv"])
+def test_truncated_csv_is_detected_and_left_alone(finished, name):
+    path = finished / name
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    damaged = path.read_bytes()
+    command = ["report"] if name == "extrapolation.csv" else ["extrapolate", "--lengths", 128]
+    if name == "train.csv":
+        command = ["train", "--preset", "tiny", "--variants", "alibi", "--steps", STEPS]
+    one_line_error(run(*command, "--run-dir", finished), str(path), "changed or truncated")
+    assert path.read_bytes() == damaged  # nothing overwritten: the user decides
+
+
+def test_truncated_resume_state_is_reported(tmp_path):
+    folder = results.checkpoint_dir(tmp_path, "xl", 0)
+    process = subprocess.Popen([sys.executable, "-m", "relbench", *TRAIN, "--run-dir", str(tmp_path)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 60
+    while time.time() < deadline and _resume_step(folder) < 5:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.communicate(timeout=60)
+    path = folder / checkpoints.RESUME_FILE
+    path.write_bytes(path.read_bytes()[:200])
+    one_line_error(run(*TRAIN, "--run-dir", tmp_path), str(path), "corrupt")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.binary(min_size=0, max_size=3000))
+def test_random_bytes_as_a_dataset(tmp_path_factory, data):
+    folder = tmp_path_factory.mktemp("bytes")
+    path = folder / "random.txt"
+    path.write_bytes(data)
+    result = run("train", "--preset", "tiny", "--variants", "alibi", "--steps", 1, "--dataset", path,
+                 "--run-dir", folder / "run")
+    assert "Traceback" not in result.output
+    assert result.exit_code in (0, 1), result.output
+    if result.exit_code:
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert lines[-1].startswith("error:") and str(path) in lines[-1], result.output
+
+
+OPTIONS = {
+    "train": ["--variants", "--preset", "--seeds", "--steps", "--train-length", "--batch-size", "--lr", "--attention",
+              "--precision", "--device", "--dataset"],
+    "extrapolate": ["--lengths", "--variants", "--mode", "--stride", "--seeds", "--attention", "--eval-tokens",
+                    "--device"],
+    "report": [],
+    "inspect": ["--variants", "--seed", "--lengths", "--device"],
+    "variants": ["--heads", "--head-dim", "--layers", "--train-length"],
+    "profile": ["--variants", "--attention", "--batch", "--heads", "--head-dim", "--repeats", "--device"],
+}
+VALUES = st.one_of(st.integers(-3, 3).map(str), st.integers(-10**12, 10**12).map(str),
+                   st.sampled_from(["xl", "t5", "alibi", "xl:k=-1", "xl:k=abc", "t5:buckets=3", "flex", "split",
+                                    "auto", "bf16", "fp64", "cuda", "cuda:7", "tpu", "tiny", "quick", "sliding",
+                                    "nope", "", "nan", "inf", "-", "--", "1e309", "0.0", "/dev/null", "\x00"]),
+                   st.text(max_size=12))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(command=st.sampled_from(sorted(OPTIONS)), data=st.data())
+def test_fuzzed_arguments_never_end_in_a_traceback(tmp_path_factory, command, data):
+    args = [command]
+    for _ in range(data.draw(st.integers(0, 4))):
+        if OPTIONS[command] and data.draw(st.booleans()):
+            args.append(data.draw(st.sampled_from(OPTIONS[command])))
+        args.append(data.draw(VALUES))
+    # keep whatever the fuzzer built fast and harmless: an empty run directory, a tiny preset,
+    # one step, and short profile lengths (a later single-valued option wins)
+    folder = tmp_path_factory.mktemp("fuzz")
+    if command in ("train",):
+        args += ["--preset", "tiny", "--steps", "1", "--seeds", "0"]
+    if command == "profile":
+        args += ["--lengths", "16", "--repeats", "1"]
+    args += [] if command == "variants" else (["--run-dir", str(folder)] if command != "inspect" else [str(folder)])
+    result = runner.invoke(app, args)
+    assert "Traceback" not in result.output, (args, result.output)
+    assert result.exit_code in (0, 1, 2), (args, result.output)
+    if result.exit_code:
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert lines and lines[-1].startswith("error:"), (args, result.output)
+    assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit), (args, result.exception)
+
+
+def test_second_process_on_a_run_directory_is_refused(finished):
+    with results.RunLock(finished):
+        one_line_error(run("extrapolate", "--run-dir", finished, "--lengths", 32), "another relbench process",
+                       str(os.getpid()))
+    assert run("report", "--run-dir", finished).exit_code == 0  # released
+
+
+def test_out_of_memory_becomes_a_row_and_the_rest_continues(finished, monkeypatch):
+    from relbench import evaluate
+
+    original = evaluate.perplexity
+
+    def perplexity(model, stream, length, *args, **kwargs):
+        if length == 128:
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 99999999999 bytes")
+        return original(model, stream, length, *args, **kwargs)
+
+    monkeypatch.setattr(evaluate, "perplexity", perplexity)
+    result = run("extrapolate", "--run-dir", finished, "--lengths", 32, 128, 256, "--force")
+    assert result.exit_code == 0, result.output
+    rows = pd.read_csv(finished / "extrapolation.csv").set_index("length")
+    assert rows.loc[128, "status"] == "oom" and rows.loc[32, "status"] == "ok" and rows.loc[256, "status"] == "ok"
+
+
+def test_extrapolate_again_computes_only_what_is_missing(finished, monkeypatch):
+    from relbench import evaluate
+
+    calls = []
+    original = evaluate.perplexity
+    monkeypatch.setattr(evaluate, "perplexity", lambda m, s, length, *a, **k: calls.append(length) or original(m, s, length, *a, **k))
+    result = run("extrapolate", "--run-dir", finished, "--lengths", 32, 64, 128)
+    assert result.exit_code == 0, result.output
+    assert calls == [128] and "already computed" in result.output
+
+
+def test_diverging_variant_stops_keeps_its_last_good_state_and_others_finish(tmp_path, monkeypatch):
+    from relbench.model import GPT
+
+    original = GPT.forward
+    calls = {"n": 0}
+
+    def forward(self, tokens):
+        logits = original(self, tokens)
+        if self.training and self.config.position == "xl":
+            calls["n"] += 1
+            if calls["n"] > 12:
+                return logits * float("nan")
+        return logits
+
+    monkeypatch.setattr(GPT, "forward", forward)
+    result = run("train", "--preset", "tiny", "--variants", "xl", "alibi", "--run-dir", tmp_path)
+    one_line_error(result, "diverged", "xl")
+    xl = checkpoints.read_meta(results.checkpoint_dir(tmp_path, "xl", 0))
+    assert xl["status"] == "diverged" and not xl["finished"]
+    kept = checkpoints.load_resume(results.checkpoint_dir(tmp_path, "xl", 0))
+    assert kept["state"]["step"] == 10   # the last periodic checkpoint before step 12
+    assert checkpoints.read_meta(results.checkpoint_dir(tmp_path, "alibi", 0))["finished"]
+
+
+def test_training_log_records_the_largest_attention_logit(uninterrupted):
+    log = pd.read_csv(uninterrupted / "train.csv")
+    assert (log["max_attention_logit"] > 0).all()
