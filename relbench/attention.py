@@ -198,6 +198,8 @@ def flex_attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None) -> Te
 
         _FLEX[key] = flex.create_block_mask(causal, None, None, q_len, k_len, device=q.device)
     score_mod = None if plan is None else plan.score_mod()
+    if plan is not None and score_mod is None:
+        raise UsageError("this position scheme has no FlexAttention score_mod; use the chunked backend")
     return _FLEX["kernel"](q, k, v, score_mod=score_mod, block_mask=_FLEX[key])
 
 
@@ -243,6 +245,11 @@ def check(backend: str, position: PositionEncoding | None = None, device: torch.
     if backend == "flex" and training and device.type == "cpu":
         raise UsageError("the flex backend cannot train on CPU (torch's FlexAttention has no CPU backward); "
                          "use --attention auto or chunked")
+    if backend == "flex" and position is not None:
+        probe = position.plan(2, 2, torch.zeros(1, position.n_heads, 2, position.head_dim))
+        if probe is not None and probe.score_mod() is None:
+            raise UsageError(f'"{position.name}" has no FlexAttention score_mod (its position term is a '
+                             f'per-query dot product); use --attention chunked or auto')
     if backend == "split":
         if training:
             raise UsageError("the split backend is for inference only; train with --attention auto or chunked")

@@ -6,7 +6,8 @@
     enc.bias(q_len, k_len)                     # (H, q_len, k_len), or None
 """
 
-from relbench.positions import absolute, alibi, rope, shaw, t5, xl  # noqa: F401  (registers the variants)
+from relbench.positions import (  # noqa: F401  (importing a module registers its variants)
+    absolute, alibi, dynamic, fire, kerple, rope, sandwich, shaw, t5, transformer_xl, xl, xpos)
 from relbench.positions.base import (  # noqa: F401
     PositionEncoding,
     RelativeBias,

@@ -77,3 +77,43 @@ class T5Bias(RelativeBias):
 
     def extra_repr(self) -> str:
         return f"buckets={self.num_buckets}, max_distance={self.max_distance}, bidirectional={self.bidirectional}"
+
+
+def log2_bucket(distance: Tensor, max_distance: int = 1024) -> Tensor:
+    """The seed's simplified bucketing of i - j: bucket 0 for distance 0 (and for future keys),
+    bucket 1 + floor(log2(d)) for 1 <= d < max_distance (boundaries 1, 2, 4, ..., max_distance),
+    and one last bucket for every distance >= max_distance."""
+    d = distance.long().clamp(min=0)
+    last = int(math.log2(max_distance)) + 1
+    exponent = torch.floor(torch.log2(d.clamp(min=1).double())).long() + 1
+    return torch.where(d == 0, torch.zeros_like(d), exponent).clamp(max=last)
+
+
+@register("t5-log2")
+class T5Log2(RelativeBias):
+    """The seed's pseudo-code version of T5's buckets: power-of-two boundaries 1, 2, 4, ..., 1024
+    and one bucket beyond (12 buckets), one learned scalar per bucket and head, shared by every
+    layer, so the seed's simplification can be compared with canonical `t5`."""
+
+    formula = "b = T[min(1 + floor(log2(i-j)), 11), h], T[0] at distance 0; shared by layers"
+    shared_across_layers = True
+
+    def __init__(self, n_heads: int, head_dim: int, d_model: int, train_length: int, max_distance: int = 1024):
+        super().__init__(n_heads, head_dim, d_model, train_length)
+        if max_distance < 1 or max_distance & (max_distance - 1):
+            raise UsageError(f"t5-log2 needs a power-of-two max_distance, got {max_distance}")
+        self.max_distance = max_distance
+        self.table = nn.Parameter(torch.zeros(int(math.log2(max_distance)) + 2, n_heads))  # (buckets, H)
+
+    def distance_bias(self, distance: Tensor) -> Tensor:
+        return self.table[log2_bucket(distance, self.max_distance)].movedim(-1, 0)   # (H, *shape)
+
+    def horizon(self) -> int:
+        return self.max_distance
+
+    def reset_parameters(self, generator: torch.Generator) -> None:
+        with torch.no_grad():
+            self.table.copy_(torch.randn(self.table.shape, generator=generator) * 0.02)
+
+    def extra_repr(self) -> str:
+        return f"buckets={self.table.shape[0]}, max_distance={self.max_distance}"

@@ -1,0 +1,94 @@
+"""FIRE: functional interpolation for relative positions (Li et al. 2023, "Functional
+Interpolation for Relative Positions Improves Long Context Transformers"):
+
+    b(i, j) = f( psi(i - j) / psi(max(L, i)) ),   psi(x) = log(c x + 1),
+
+with f a small MLP (1 -> 32 -> H, ReLU), c and the threshold L learned. Dividing by the query's
+own position maps every distance into [0, 1] whatever the length: "progressive interpolation".
+The paper's initialisation: c = 0.1, L = 512 (a learned multiplier of a fixed 512). Because the
+normaliser depends on the query position i, the bias is not a function of i - j alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from relbench.positions.base import PositionEncoding, register
+from relbench.positions.plan import BiasPlan, distance_grid
+
+INIT_C, INIT_L, EPS = 0.1, 512.0, 1e-6
+
+
+class FirePlan(BiasPlan):
+    def __init__(self, fire: "Fire", q_len: int, k_len: int):
+        super().__init__(fire.n_heads, q_len, k_len)
+        self.fire = fire
+
+    def block(self, q_start: int, q_end: int, k_start: int, k_end: int) -> Tensor:
+        fire = self.fire
+        device = fire.c.device
+        distance = distance_grid(q_start, q_end, k_start, k_end, device).abs().float()          # (bq, bk)
+        query = torch.arange(q_start, q_end, device=device, dtype=torch.float32)[:, None]      # (bq, 1)
+        normalised = fire.psi(distance) / (fire.psi(torch.maximum(query, fire.threshold())) + EPS)
+        return fire.mlp(normalised[..., None]).permute(2, 0, 1)                                  # (H, bq, bk)
+
+    @property
+    def requires_grad(self) -> bool:
+        return self.fire.c.requires_grad
+
+    def score_mod(self) -> Callable:
+        fire, offset = self.fire, self.k_len - self.q_len
+        w1, b1 = fire.mlp[0].weight[:, 0], fire.mlp[0].bias       # (W,), (W,)
+        w2, b2 = fire.mlp[2].weight, fire.mlp[2].bias             # (H, W), (H,)
+        c, threshold = fire.c, fire.threshold()
+
+        def add_fire_bias(score, b, h, q_idx, kv_idx):
+            i = (q_idx + offset).to(torch.float32)
+            d = torch.abs(i - kv_idx.to(torch.float32))
+            x = torch.log(torch.abs(c * d) + 1) / (torch.log(torch.abs(c * torch.maximum(i, threshold)) + 1) + EPS)
+            out = b2[h]
+            for unit in range(w1.shape[0]):  # the MLP, unrolled over its hidden units
+                out = out + w2[h, unit] * torch.relu(w1[unit] * x + b1[unit])
+            return score + out
+
+        return add_fire_bias
+
+
+@register("fire")
+class Fire(PositionEncoding):
+    """FIRE with the paper's MLP (1 -> `width` -> H, ReLU) and initialisation; one per layer."""
+
+    family = "relative bias (position-normalised)"
+    formula = "b = MLP(psi(i-j) / psi(max(L, i))), psi(x) = log(c x + 1), c, L, MLP learned"
+    shared_across_layers = False
+
+    def __init__(self, n_heads: int, head_dim: int, d_model: int, train_length: int, width: int = 32):
+        super().__init__(n_heads, head_dim, d_model, train_length)
+        self.mlp = nn.Sequential(nn.Linear(1, width), nn.ReLU(), nn.Linear(width, n_heads))
+        self.c = nn.Parameter(torch.tensor(INIT_C))
+        self.L_multiplier = nn.Parameter(torch.tensor(1.0))
+        self.register_buffer("init_L", torch.tensor(INIT_L))
+
+    def psi(self, x: Tensor) -> Tensor:
+        return torch.log(torch.abs(self.c * x) + 1)
+
+    def threshold(self) -> Tensor:
+        return torch.abs(self.L_multiplier * self.init_L)
+
+    def plan(self, q_len: int, k_len: int, q: Tensor | None = None) -> FirePlan:
+        return FirePlan(self, q_len, k_len)
+
+    def reset_parameters(self, generator: torch.Generator) -> None:
+        with torch.no_grad():
+            for layer in (self.mlp[0], self.mlp[2]):  # PyTorch's default Linear init, from our generator
+                bound = layer.in_features ** -0.5
+                layer.weight.copy_((torch.rand(layer.weight.shape, generator=generator) * 2 - 1) * bound)
+                layer.bias.copy_((torch.rand(layer.bias.shape, generator=generator) * 2 - 1) * bound)
+            self.c.fill_(INIT_C)
+            self.L_multiplier.fill_(1.0)
+
+    def extra_repr(self) -> str:
+        return f"width={self.mlp[0].out_features}, heads={self.n_heads}"
