@@ -222,8 +222,8 @@ def choose(plan: BiasPlan | None, q: Tensor, k_len: int, grad: bool) -> str:
     """The fastest exact path measured for this device, mode and scheme (benchmarks/attention.py)."""
     if plan is None:
         return "sdpa"
-    if q.device.type == "cuda":
-        return "flex"
+    if q.device.type == "cuda":  # a per-query position term (transformer-xl) has no score_mod
+        return "flex" if plan.score_mod() is not None else "chunked"
     if grad:
         # measured (benchmarks/train_throughput.py, quick model): in fp32 chunked is as fast as the
         # reference path at 256 and twice as fast at 1024; under bf16 autocast the materialised

@@ -26,6 +26,7 @@ err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 # options that take several values after one flag: `--lengths 256 1024 4096`
 VARIADIC = ("--lengths", "--variants", "--attention", "--seeds", "--mode")
 
+
 def spread_variadic(args: list[str]) -> list[str]:
     """Rewrite `--lengths 1 2 3` (and `--lengths 1,2,3`) as `--lengths 1 --lengths 2 --lengths 3`,
     which click understands; a value may look like a negative number."""
@@ -46,6 +47,7 @@ def spread_variadic(args: list[str]) -> list[str]:
     if current and not any(o == current for o in out[-2:-1]):
         out.append(current)
     return out
+
 
 def _is_click_error(error: Exception) -> bool:
     """A click usage error (click's own, or the copy of click that newer Typer versions carry)."""
@@ -98,6 +100,7 @@ Precision = Annotated[str, typer.Option(help=f"Training precision: {', '.join(PR
                                                  "matrix products, fp32 weights; auto: bf16 where the hardware "
                                                  "has it natively). Default: auto.")]
 
+
 def _check_backend(backend: str, spec: str, model: ModelConfig, device: torch.device, training: bool) -> None:
     enc = positions.build_spec(spec, n_heads=model.n_heads, head_dim=model.head_dim, d_model=model.d_model,
                                train_length=model.train_length)
@@ -120,6 +123,7 @@ def resolve_device(name: str) -> torch.device:
         raise UsageError(f'device "{name}" is not supported; use auto, cpu, cuda or cuda:N')
     return device
 
+
 def all_variants(variants: list[str] | None) -> list[str]:
     specs = variants or positions.names()
     for spec in specs:
@@ -127,6 +131,7 @@ def all_variants(variants: list[str] | None) -> list[str]:
     if len(set(specs)) != len(specs):
         raise UsageError(f"variant {next(s for s in specs if specs.count(s) > 1)} is given twice")
     return specs
+
 
 @app.command("variants")
 def variants_command(
@@ -151,6 +156,7 @@ def variants_command(
         options = ", ".join(f"{k}={p.default}" for k, p in type(enc).options().items())
         table.add_row(escape(name), enc.family, escape(enc.formula), params if per else "0", escape(options))
     console.print(table)
+
 
 def _train(run_dir: Path, variants: list[str] | None, preset: str, dataset: str | None, seeds: list[int] | None,
            steps: int | None, train_length: int | None, batch_size: int | None, lr: float | None,
@@ -193,6 +199,7 @@ def _train(run_dir: Path, variants: list[str] | None, preset: str, dataset: str 
     train_run(Path(run_dir), specs, seeds, run_config, splits, target, force, console)
     return run_config
 
+
 @app.command("train")
 def train_command(
     variants: Variants = None,
@@ -218,6 +225,7 @@ def train_command(
     with results.RunLock(run_dir):
         _train(run_dir, variants, preset, dataset, seeds, steps, train_length, batch_size, lr, device, force,
                attention, precision)
+
 
 def _extrapolate(run_dir: Path, lengths: list[int] | None, variants: list[str] | None, attention: str,
                  eval_tokens: int | None, device: str, seeds: list[int] | None = None,
@@ -301,6 +309,7 @@ def extrapolate_command(
     results.require_run(run_dir)
     with results.RunLock(run_dir):
         _extrapolate(run_dir, lengths, variants, attention, eval_tokens, device, seeds, mode, stride, force)
+
 
 @app.command("profile")
 def profile_command(
@@ -396,6 +405,7 @@ def _report(run_dir: Path) -> None:
     written = report.render(run_dir, console)
     console.print("wrote " + ", ".join(str(path) for path in written.values()))
 
+
 @app.command("bench")
 def bench_command(
     variants: Variants = None,
@@ -412,6 +422,7 @@ def bench_command(
         config = _train(run_dir, variants, preset, None, None, None, None, None, None, device, False)
         _extrapolate(run_dir, lengths, variants or config["variants"], "auto", None, device)
         _report(run_dir)
+
 
 def main() -> None:
     app()
