@@ -18,7 +18,7 @@ from relbench import checkpoints, positions, report, results
 from relbench.attention import BACKENDS, check
 from relbench.config import (DEFAULT_PRESET, PRECISIONS, PRESETS, EvalConfig, ModelConfig, resolve,
                              resolve_precision, to_dict)
-from relbench.errors import RelbenchError, UsageError, unknown
+from relbench.errors import RelbenchError, UsageError, one_line, unknown
 
 console = Console()
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -64,7 +64,7 @@ class Group(TyperGroup):
             code = super().main(args=args, prog_name=prog_name, complete_var=complete_var,
                                 standalone_mode=False, **extra)
         except RelbenchError as error:
-            err_console.print(f"{error.prefix}{error}", markup=False)
+            err_console.print(one_line(f"{error.prefix}{error}"), markup=False)
             code = error.exit_code
             interrupted_message_shown = True
         except typer.Abort:
@@ -75,7 +75,7 @@ class Group(TyperGroup):
                 raise
             where = error.ctx.command_path if getattr(error, "ctx", None) else "relbench"
             message = " ".join(error.format_message().split())
-            err_console.print(f"error: {message} (see `{where} --help`)", markup=False)
+            err_console.print(one_line(f"error: {message} (see `{where} --help`)"), markup=False)
             code = error.exit_code
         code = code if isinstance(code, int) else 0
         if code == 130 and not interrupted_message_shown:
@@ -84,6 +84,7 @@ class Group(TyperGroup):
         if standalone_mode:
             sys.exit(code)
         return code
+
 
 app = typer.Typer(cls=Group, add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]},

@@ -18,6 +18,12 @@ class UsageError(RelbenchError):
     exit_code = 2
 
 
+def one_line(text: str) -> str:
+    """`text` with every character that is not printable (newlines, tabs, record separators, NUL, ...)
+    written as its escape, so a message that quotes user input stays on one line."""
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
 def did_you_mean(word: str, choices: list[str]) -> str:
     """' (did you mean "x"?)' for the closest of `choices`, or '' when none is close."""
     close = difflib.get_close_matches(word, choices, n=1, cutoff=0.5)

@@ -124,6 +124,8 @@ def test_bad_lengths(trained, lengths, fragment):
 def test_missing_run_directory(tmp_path):
     assert_one_line_error(run("extrapolate", "--run-dir", tmp_path / "nope"), 1, "does not exist")
     assert_one_line_error(run("report", "--run-dir", tmp_path), 1, "not a relbench run")
+    # control characters in what the user typed are escaped, so the message stays one line
+    assert_one_line_error(run("inspect", "a\x1eb\nc"), 1, "a\\x1eb\\nc", "does not exist")
 
 
 def test_help_has_an_example():
