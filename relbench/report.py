@@ -77,6 +77,16 @@ def aggregate(rows: pd.DataFrame, config: dict[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def stride_note(rows: pd.DataFrame) -> str:
+    """', stride S' for sliding rows; a window shorter than S is scored whole (the stride is clipped)."""
+    if "stride" not in rows or rows["stride"].isna().all():
+        return ""
+    stride = int(rows["stride"].max())
+    if not (rows["stride"] == rows["window"].clip(upper=stride)).all():
+        return ", strides " + ", ".join(str(int(s)) for s in sorted(rows["stride"].dropna().unique()))
+    return f", stride {stride}" + (" (shorter windows are scored whole)" if (rows["window"] < stride).any() else "")
+
+
 def pivot(summary: pd.DataFrame) -> pd.DataFrame:
     """One row per variant and mode, columns per length: ppl mean, std, 95% half-width, ratio."""
     out = []
@@ -216,8 +226,7 @@ def render(run_dir: Path, console: Console, plots: bool = True) -> dict[str, Pat
         summary = aggregate(rows, config)
         ref = reference_length(rows, config)
         for mode in summary["mode"].unique():
-            stride = rows[rows["mode"] == mode]["stride"].iloc[0] if "stride" in rows else None
-            how = f", stride {int(stride)}" if mode == "sliding" and pd.notna(stride) else ""
+            how = stride_note(rows[rows["mode"] == mode]) if mode == "sliding" else ""
             sections.append((f"Perplexity, {mode}{how} (ratio to L={ref})", *perplexity_table(summary, mode)))
         sections += [
             ("Cost per layer, batch 1: building the position terms / attention (ms)", *cost_table(rows, config)),
