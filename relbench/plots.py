@@ -36,6 +36,18 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+MARKERS = "os^vDP*Xhd<>p"
+
+
+def _style(index: int) -> dict[str, Any]:
+    """A distinct colour (tab20) and marker per variant: the default 10-colour cycle repeats at 16 variants."""
+    return {"color": plt.get_cmap("tab20")(index % 20), "marker": MARKERS[index % len(MARKERS)]}
+
+
+def _legend(ax) -> None:
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+
+
 def _log_axes(ax, xticks: list[int] | None = None) -> None:
     """Log axes labelled with plain numbers (lengths in base 2)."""
     plain = matplotlib.ticker.FormatStrFormatter("%g")
@@ -51,16 +63,17 @@ def _log_axes(ax, xticks: list[int] | None = None) -> None:
 
 def perplexity_vs_length(summary: pd.DataFrame, train_length: int, path: Path) -> Path:
     modes = list(summary["mode"].unique())
-    fig, axes = plt.subplots(1, len(modes), figsize=(6 * len(modes), 4.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(modes), figsize=(6 * len(modes) + 1.5, 4.2), squeeze=False)
+    names = sorted(summary["variant"].unique())
     for ax, mode in zip(axes[0], modes):
         for variant, mine in summary[(summary["mode"] == mode) & (summary["status"] == "ok")].groupby("variant", sort=False):
             mine = mine.sort_values("length")
-            ax.errorbar(mine["length"], mine["ppl_mean"], yerr=mine["ppl_ci95"].fillna(0), marker="o", capsize=3,
-                        label=variant)
+            ax.errorbar(mine["length"], mine["ppl_mean"], yerr=mine["ppl_ci95"].fillna(0), capsize=3,
+                        label=variant, **_style(names.index(variant)))
         ax.axvline(train_length, color="grey", linestyle=":", label="training length")
         ax.set(xlabel="evaluation length (tokens)", ylabel="perplexity", title=f"Perplexity vs length ({mode})")
         _log_axes(ax, sorted(summary["length"].unique()))
-        ax.legend(fontsize=8)
+    _legend(axes[0][-1])
     return _save(fig, path)
 
 
@@ -69,18 +82,19 @@ def loss_by_position(bins: pd.DataFrame, train_length: int, path: Path) -> Path:
     here = bins[bins["mode"] == mode]
     longest = int(here["length"].max())
     here = here[here["length"] == longest]
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, ax = plt.subplots(figsize=(8.5, 4.2))
+    names = sorted(here["variant"].unique())
     for variant, mine in here.groupby("variant", sort=False):
         per_bin = mine.groupby(["bin_start", "bin_end"]).apply(lambda g: g["loss_sum"].sum() / g["n_tokens"].sum(),
                                                                include_groups=False).reset_index(name="loss")
         centre = (per_bin["bin_start"] + per_bin["bin_end"] - 1) / 2 + 1
-        ax.plot(centre, per_bin["loss"], marker="o", label=variant)
+        ax.plot(centre, per_bin["loss"], label=variant, **_style(names.index(variant)))
     ax.axvline(train_length, color="grey", linestyle=":", label="training length")
     ax.set(xlabel="position in window (log bins)", ylabel="mean loss (nats)",
            title=f"Loss by position at length {longest} ({mode})")
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
-    ax.legend(fontsize=8)
+    _legend(ax)
     return _save(fig, path)
 
 
