@@ -152,7 +152,7 @@ def test_truncated_resume_state_is_reported(tmp_path):
     one_line_error(run(*TRAIN, "--run-dir", tmp_path), str(path), "corrupt")
 
 
-@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.binary(min_size=0, max_size=3000))
 def test_random_bytes_as_a_dataset(tmp_path_factory, data):
     folder = tmp_path_factory.mktemp("bytes")
@@ -184,7 +184,7 @@ VALUES = st.one_of(st.integers(-3, 3).map(str), st.integers(-10**12, 10**12).map
                    st.text(max_size=12))
 
 
-@settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(command=st.sampled_from(sorted(OPTIONS)), data=st.data())
 def test_fuzzed_arguments_never_end_in_a_traceback(tmp_path_factory, command, data):
     args = [command]
