@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -11,10 +12,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from relbench import checkpoints, positions, report, results
+from relbench import checkpoints, memory, positions, report, results
 from relbench.attention import BACKENDS, check
 from relbench.cli_group import Group, spread_variadic  # noqa: F401  (spread_variadic: part of the module's API)
-from relbench.config import (DEFAULT_PRESET, PRECISIONS, PRESETS, EvalConfig, ModelConfig, resolve,
+from relbench.config import (DEFAULT_PRESET, PRECISIONS, PRESETS, EvalConfig, ModelConfig, TrainConfig, resolve,
                              resolve_precision, to_dict)
 from relbench.errors import RelbenchError, UsageError, unknown
 
@@ -81,6 +82,10 @@ def variants_command(
     """
     if min(heads, head_dim, layers, train_length) < 1:
         raise UsageError("--heads, --head-dim, --layers and --train-length must be positive")
+    described = ModelConfig(d_model=heads * head_dim, n_layers=layers, n_heads=heads, position="learned",
+                            train_length=train_length)
+    memory.require(memory.model_bytes(described), "cpu", f"a model of {layers} layers x {heads} heads x {head_dim} "
+                   f"channels (training length {train_length})", "use smaller --heads, --head-dim, --layers or --train-length")
     table = Table(title=f"Position variants ({heads} heads x {head_dim} channels, {layers} layers)", title_justify="left")
     for column in ("name", "family", "formula", "params", "options"):
         table.add_column(column, justify="right" if column == "params" else "left")
@@ -91,6 +96,18 @@ def variants_command(
         options = ", ".join(f"{k}={p.default}" for k, p in type(enc).options().items())
         table.add_row(escape(name), enc.family, escape(enc.formula), params if per else "0", escape(options))
     console.print(table)
+
+
+def _check_training_memory(specs: list[str], model: ModelConfig, train: TrainConfig, preset: str,
+                           device: torch.device) -> None:
+    """Refuse a batch or length the device cannot hold, naming the hungriest variant, before any work."""
+    memory.require(memory.model_bytes(model), device, f"a model of d_model {model.d_model} x {model.n_layers} layers",
+                   "use a smaller preset")
+    need = {spec: memory.training_bytes(dataclasses.replace(model, position=spec, attention=train.attention),
+                                        train.batch_size, train.precision) for spec in specs}
+    hungriest = max(need, key=need.get)
+    memory.require(need[hungriest], device, f"training {hungriest} at --batch-size {train.batch_size} x --train-length "
+                   f"{model.train_length} (preset {preset})", "use a smaller --batch-size or --train-length")
 
 
 def _train(run_dir: Path, variants: list[str] | None, preset: str, dataset: str | None, seeds: list[int] | None,
@@ -108,6 +125,7 @@ def _train(run_dir: Path, variants: list[str] | None, preset: str, dataset: str 
     train_config.precision = resolve_precision(train_config.precision, target)
     for spec in specs:  # an impossible backend for a variant fails here, before any work
         _check_backend(attention, spec, model_config, target, training=True)
+    _check_training_memory(specs, model_config, train_config, preset, target)
     splits = load_splits(dataset)
     run_config = {"preset": preset, "model": to_dict(model_config), "train": to_dict(train_config),
                   "eval": to_dict(eval_config), "dataset": dataset or "sotu", "tokenizer": splits.tokenizer.name,
@@ -282,8 +300,10 @@ def profile_command(
     with results.RunLock(run_dir):
         table = profile_run(Path(run_dir) / PROFILE_CSV, specs, backends, lengths, batch, heads, head_dim, str(target),
                             repeats, train_max, timeout, console)
+    mine = (table["batch"] == batch) & (table["heads"] == heads) & (table["head_dim"] == head_dim) & \
+        (table["device"] == str(target))
     console.print(report.rich_table(f"Profile ({target}, batch {batch}, {heads} heads x {head_dim})",
-                                    *report.profile_table(table)))
+                                    *report.profile_table(table[mine])))
     console.print(f"wrote {Path(run_dir) / PROFILE_CSV}")
 
 

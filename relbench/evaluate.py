@@ -30,8 +30,9 @@ import torch.nn.functional as F
 from relbench import checkpoints, results
 from relbench.config import EvalConfig
 from relbench.errors import UsageError
+from relbench.memory import is_out_of_memory
 from relbench.model import GPT
-from relbench.profile import is_out_of_memory, profile_one
+from relbench.profile import profile_one
 
 
 MODES = ("nonoverlap", "sliding")

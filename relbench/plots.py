@@ -138,16 +138,20 @@ def learned_bias(run_dir: Path, config: dict[str, Any], path: Path) -> Path | No
 
 
 def attention_cost(profile: pd.DataFrame, path: Path) -> Path | None:
+    from relbench.profile import shape_labels
+
     ok = profile[profile["status"] == "ok"].copy()
     if ok.empty:
         return None
     ok["total_ms"] = ok["bias_ms"] + ok["attention_ms"]
+    ok["shape"] = shape_labels(ok)
+    several = ok["shape"].nunique() > 1
     variants = list(ok["variant"].unique())
     fig, axes = plt.subplots(1, len(variants), figsize=(4.5 * len(variants), 3.8), squeeze=False, sharey=True)
     for ax, variant in zip(axes[0], variants):
-        for backend, mine in ok[ok["variant"] == variant].groupby("backend", sort=False):
+        for (backend, shape), mine in ok[ok["variant"] == variant].groupby(["backend", "shape"], sort=False):
             mine = mine.sort_values("length")
-            ax.plot(mine["length"], mine["total_ms"], marker="o", label=backend)
+            ax.plot(mine["length"], mine["total_ms"], marker="o", label=f"{backend} ({shape})" if several else backend)
         ax.set(xlabel="length", title=variant)
         _log_axes(ax, sorted(ok["length"].unique()))
         ax.legend(fontsize=7)

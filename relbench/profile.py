@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from relbench import positions
+from relbench import memory, positions
 from relbench.attention import attention, check, choose
 from relbench.errors import RelbenchError
 from relbench.positions.base import PositionEncoding
@@ -137,12 +137,6 @@ def position_terms(position: PositionEncoding, q: torch.Tensor, k: torch.Tensor,
     return q, k, position.plan(length, length, q)
 
 
-def is_out_of_memory(error: BaseException) -> bool:
-    text = str(error).lower()
-    return (isinstance(error, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in text
-            or "can't allocate memory" in text)
-
-
 def profile_one(spec: str, backend: str, length: int, batch: int = 1, heads: int = 8, head_dim: int = 64,
                 device: str = "cpu", repeats: int = 5, train_max: int = 2048, seed: int = 0,
                 train_length: int | None = None) -> dict[str, Any]:
@@ -179,7 +173,7 @@ def profile_one(spec: str, backend: str, length: int, batch: int = 1, heads: int
             row.update(train_ms=train.median_ms, train_min_ms=train.min_ms, train_max_ms=train.max_ms,
                        train_peak_mb=train.peak_mb)
     except (RuntimeError, MemoryError) as error:
-        if not is_out_of_memory(error):
+        if not memory.is_out_of_memory(error):
             raise
         row.update(status="oom", message=f"out of memory at length {length} on {device}")
     return row
@@ -204,35 +198,34 @@ def _forward_backward(position, q, k, v, length, backend) -> None:
 # ---- `relbench profile`: every configuration in a fresh process -------------------------------------
 PROFILE_CSV = "profile.csv"
 PROFILE_KEY = ["variant", "backend", "length", "batch", "heads", "head_dim", "device"]
+SHAPE = ["batch", "heads", "head_dim", "device"]  # profile.csv keeps the rows of every shape profiled
 
 
-def available_memory_mb() -> float | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
+def shape_label(batch: int, heads: int, head_dim: int, device: str) -> str:
+    return f"B={batch} H={heads} d={head_dim} {device}"
 
 
-def materialised_mb(backend: str, length: int, batch: int, heads: int, has_bias: bool) -> float:
+def shape_labels(rows: "pd.DataFrame") -> "pd.Series":
+    """Each row's shape as a label (see shape_label)."""
+    import pandas as pd
+
+    return pd.Series([shape_label(*r) for r in rows[SHAPE].itertuples(index=False)], index=rows.index, dtype=object)
+
+
+def tensors_bytes(length: int, batch: int, heads: int, head_dim: int) -> int:
+    """q, k, v and the output of one attention call (fp32): needed by every backend."""
+    return 4 * batch * heads * length * head_dim * 4
+
+
+def materialised_bytes(backend: str, length: int, batch: int, heads: int, has_bias: bool) -> int:
     """Rough peak of the (H, L, L)-sized tensors a backend creates (fp32), for skipping hopeless runs:
     the reference path always materialises the scores; sdpa only materialises a bias mask."""
-    square = heads * length * length * 4 / 2**20
+    square = heads * length * length * 4
     if backend == "reference":
         return (3 * batch + 2) * square
     if backend == "sdpa" and has_bias:
         return (batch + 3) * square
-    return 0.0
-
-
-def _has_bias(spec: str, heads: int, head_dim: int) -> bool:
-    try:
-        enc = positions.build_spec(spec, n_heads=heads, head_dim=head_dim)
-    except RelbenchError:
-        return True  # the isolated run will report the problem
-    return enc.plan(2, 2, torch.zeros(1, heads, 2, head_dim)) is not None
+    return 0
 
 
 def run_isolated(config: dict[str, Any], timeout: float) -> dict[str, Any]:
@@ -268,17 +261,19 @@ def profile_run(out_path: Path, specs: list[str], backends: list[str], lengths: 
     from relbench import results
 
     table = results.read_csv(out_path) if Path(out_path).is_file() else pd.DataFrame()
-    available = available_memory_mb()
+    available = memory.budget(device)
     for spec in specs:
         for backend in backends:
             for length in lengths:
                 config = dict(variant=spec, backend=backend, length=length, batch=batch, heads=heads,
                               head_dim=head_dim, device=device, repeats=repeats if length < 16384 else min(repeats, 3),
                               train_max=train_max)
-                need = materialised_mb(backend, length, batch, heads, _has_bias(spec, heads, head_dim))
-                if available is not None and torch.device(device).type == "cpu" and need > 0.8 * available:
+                need = tensors_bytes(length, batch, heads, head_dim)
+                if available is None or need <= available:
+                    need += materialised_bytes(backend, length, batch, heads, positions.adds_bias(spec, head_dim))
+                if available is not None and need > 0.8 * available:
                     row = {**{k: config[k] for k in PROFILE_KEY}, "status": "oom",
-                           "message": f"skipped: needs about {need / 1024:.0f} GB, {available / 1024:.0f} GB available"}
+                           "message": f"skipped: needs about {memory.human(need)}, {memory.human(available)} available"}
                 elif torch.device(device).type == "cpu":
                     row = run_isolated(config, timeout)
                 else:
@@ -311,10 +306,10 @@ def _limit_address_space() -> None:
     """Let an allocation that cannot fit fail with an error instead of waking the OOM killer."""
     import resource
 
-    available = available_memory_mb()
+    available = memory.budget("cpu")
     size = _rss_kb("VmSize")
     if available and size:
-        limit = int(size * 1024 + 0.9 * available * 2**20)
+        limit = int(size * 1024 + 0.9 * available)
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 

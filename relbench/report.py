@@ -160,12 +160,16 @@ def training_table(run_dir: Path, config: dict[str, Any]) -> tuple[list[str], li
 
 
 def profile_table(rows: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
-    """Per variant x backend, per length: attention forward ms (+ bias construction ms), peak MB,
-    and forward+backward ms where measured."""
+    """Per variant x backend (x shape, when several were profiled), per length: attention forward ms
+    (+ bias construction ms), peak MB, and forward+backward ms where measured."""
+    from relbench.profile import shape_labels
+
+    rows = rows.assign(shape=shape_labels(rows))
+    several = rows["shape"].nunique() > 1
     lengths = sorted(rows["length"].unique())
-    header = ["variant", "backend"] + [f"L={n}" for n in lengths]
+    header = ["variant", "backend"] + (["shape"] if several else []) + [f"L={n}" for n in lengths]
     body = []
-    for (variant, backend), mine in rows.groupby(["variant", "backend"], sort=False):
+    for (variant, backend, shape), mine in rows.groupby(["variant", "backend", "shape"], sort=False):
         mine = mine.set_index("length")
         cells = []
         for n in lengths:
@@ -182,7 +186,7 @@ def profile_table(rows: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
             if pd.notna(r.get("train_ms", float("nan"))):
                 cell += f" | fb {r['train_ms']:.0f}"
             cells.append(cell)
-        body.append([str(variant), str(backend)] + cells)
+        body.append([str(variant), str(backend)] + ([str(shape)] if several else []) + cells)
     return header, body
 
 

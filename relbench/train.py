@@ -25,6 +25,7 @@ from relbench import checkpoints, positions, results
 from relbench.config import ModelConfig, TrainConfig, to_dict
 from relbench.data import Splits
 from relbench.errors import RelbenchError
+from relbench.memory import is_out_of_memory
 from relbench.inspect import attention_logit_max
 from relbench.model import GPT
 
@@ -252,6 +253,13 @@ def train_run(run_dir: Path, specs: list[str], seeds: list[int], run_config: dic
                 try:
                     model, rows, summary = train_variant(spec, model_config, train_config, splits, device, progress,
                                                          folder, stop)
+                except (RuntimeError, MemoryError) as error:
+                    if not is_out_of_memory(error):
+                        raise
+                    raise RelbenchError(
+                        f"out of memory training {label} at --batch-size {train_config.batch_size} x --train-length "
+                        f"{model_config.train_length} on {device}; finished variants and the last resumable state of "
+                        f"this one are kept in {run_dir}; use a smaller --batch-size or --train-length") from None
                 except Diverged as error:
                     message = (f"{label} diverged ({error}); its last good state is kept in {folder}; "
                                f"try a lower --lr, or --force to start it again")

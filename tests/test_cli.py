@@ -172,7 +172,43 @@ def test_profile_records_oom_and_continues(tmp_path):
     assert result.exit_code == 0, result.output
     rows = pd.read_csv(tmp_path / "profile.csv").set_index("length")
     assert rows.loc[32, "status"] == "ok"
-    assert rows.loc[2_000_000, "status"] == "oom" and "GB" in rows.loc[2_000_000, "message"]
+    assert rows.loc[2_000_000, "status"] == "oom" and "skipped: needs about" in rows.loc[2_000_000, "message"]
+
+
+def test_profile_skips_what_does_not_fit_before_building_anything(tmp_path, monkeypatch):
+    # q, k, v and the output at L=64, 8 heads x 64 channels take 512 KB; the budget is 256 KB
+    monkeypatch.setenv("RELBENCH_MEMORY", "256KB")
+    result = run("profile", "--lengths", 64, "--variants", "xl", "--attention", "sdpa", "--repeats", 1,
+                 "--run-dir", tmp_path, "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    row = pd.read_csv(tmp_path / "profile.csv").iloc[0]
+    assert row["status"] == "oom" and row["message"] == "skipped: needs about 512 KB, 256 KB available"
+
+
+def test_profile_csv_keeps_every_shape_and_the_report_tells_them_apart(tmp_path):
+    for heads in (2, 4):
+        result = run("profile", "--lengths", 32, "--variants", "alibi", "--attention", "sdpa", "--repeats", 1,
+                     "--heads", heads, "--head-dim", 8, "--run-dir", tmp_path, "--device", "cpu")
+        assert result.exit_code == 0, result.output
+        assert "H=2" not in result.output  # the command shows the shape it measured, nothing else
+    rows = pd.read_csv(tmp_path / "profile.csv")
+    assert sorted(rows["heads"]) == [2, 4]
+    result = run("report", "--run-dir", tmp_path)
+    assert result.exit_code == 0, result.output
+    text = (tmp_path / "report.md").read_text()
+    assert "| alibi | sdpa | B=1 H=2 d=8 cpu |" in text and "| alibi | sdpa | B=1 H=4 d=8 cpu |" in text
+
+
+def test_a_batch_that_cannot_fit_is_refused_before_any_work(tmp_path):
+    result = run("train", "--preset", "tiny", "--variants", "alibi", "--batch-size", 10**6, "--run-dir", tmp_path / "r")
+    assert_one_line_error(result, 1, "training alibi at --batch-size 1000000 x --train-length 32", "needs at least",
+                          "use a smaller --batch-size")
+    assert not (tmp_path / "r" / "config.json").exists()
+
+
+def test_variants_refuses_a_model_that_cannot_exist(tmp_path):
+    result = run("variants", "--heads", 10**6)
+    assert_one_line_error(result, 1, "1000000 heads", "TB of memory")
 
 
 def test_split_backend_is_refused_for_training(tmp_path):

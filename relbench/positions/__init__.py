@@ -12,6 +12,7 @@ from relbench.positions.base import (  # noqa: F401
     PositionEncoding,
     RelativeBias,
     UnsupportedLength,
+    adds_bias,
     build,
     build_spec,
     get,

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from relbench.errors import UsageError, unknown
+from relbench.errors import RelbenchError, UsageError, unknown
 from relbench.positions.plan import BiasPlan, DistancePlan
 
 _REGISTRY: dict[str, type["PositionEncoding"]] = {}
@@ -218,3 +218,13 @@ def build_spec(spec: str, **shape: Any) -> PositionEncoding:
     """Build from a spec string such as "t5:bidirectional=true"."""
     name, options = parse_spec(spec)
     return build(name, **shape, **options)
+
+
+def adds_bias(spec: str, head_dim: int = 64) -> bool:
+    """Whether the variant adds a term to the attention logits (a property of the variant, so a
+    two-head instance tells); True when it cannot be built, so that callers stay cautious."""
+    try:
+        enc = build_spec(spec, n_heads=2, head_dim=head_dim)
+    except RelbenchError:
+        return True
+    return enc.plan(2, 2, torch.zeros(1, 2, 2, head_dim)) is not None

@@ -1,0 +1,185 @@
+"""What a configuration needs in memory, checked before any work starts.
+
+Linux lets a process ask for more memory than the machine has and then kills it (the OOM killer),
+with no exception to catch and no message. A typing slip such as `--batch-size 100000` would end
+that way, minutes into a run. So each command that sizes a model or a batch from user input first
+compares a lower bound of what it needs with the memory the device has, and refuses at once, in
+one line, when even the lower bound does not fit. The bound for training is what must be resident
+when backward starts (measured, see training_bytes); backward's temporary gradients come on top
+(measured peak RSS above an idle process, quick and tiny presets, lengths 32-4096: 1.4-2.2x the
+bound).
+
+    need = training_bytes(model_config, batch_size, "bf16")
+    require(need, device, "training xl at --batch-size 64 x --train-length 4096", "use a smaller --batch-size")
+
+`RELBENCH_MEMORY` (for example `4GB` or `512MB`) caps the budget below what the device has, for a
+machine shared with other jobs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from pathlib import Path
+
+import torch
+
+from relbench.config import ModelConfig
+from relbench.errors import RelbenchError, UsageError
+
+ENV = "RELBENCH_MEMORY"
+FLOAT = 4       # bytes per parameter and per optimiser moment (fp32)
+UNITS = {"": 1, "b": 1, "kb": 2**10, "mb": 2**20, "gb": 2**30, "tb": 2**40}  # "k" means "kb", and so on
+
+
+def parse_size(text: str) -> int:
+    """'4GB' -> 4 * 2**30; a bare number is bytes. Binary units, case-insensitive."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?b?)\s*", text.lower())
+    if not match or float(match.group(1)) <= 0:
+        raise UsageError(f'{ENV}="{text}" is not a memory size; use for example 4GB or 512MB')
+    return int(float(match.group(1)) * UNITS[match.group(2).rstrip("b") + "b" if match.group(2) else ""])
+
+
+def available(device: torch.device | str = "cpu") -> int | None:
+    """Bytes the device can still give: MemAvailable on CPU, free memory on CUDA; None if unknown."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def budget(device: torch.device | str = "cpu") -> int | None:
+    """The memory a command may plan to use: what the device has, capped by RELBENCH_MEMORY."""
+    have = available(device)
+    cap = os.environ.get(ENV)
+    if cap:
+        cap_bytes = parse_size(cap)
+        return cap_bytes if have is None else min(have, cap_bytes)
+    return have
+
+
+def human(n: float) -> str:
+    if n >= 2**50:
+        return f"{n / 2**40:.3g} TB"
+    for unit, size in (("TB", 2**40), ("GB", 2**30), ("MB", 2**20)):
+        if n >= size:
+            return f"{n / size:,.1f} {unit}"
+    return f"{n / 2**10:,.0f} KB"
+
+
+def parameter_count(model: ModelConfig) -> int:
+    """Parameters of the GPT body (tied token embedding, blocks, final norm) and, where the model
+    has one, the learned absolute table: a lower bound for every variant."""
+    d, hidden = model.d_model, int(model.mlp_ratio * model.d_model)
+    block = 4 * d * d + 2 * d * hidden + 4 * d            # qkv + out, MLP, two LayerNorms
+    table = model.train_length * d if model.position.split(":")[0] == "learned" else 0
+    return model.vocab_size * d + model.n_layers * block + 2 * d + table
+
+
+def model_bytes(model: ModelConfig) -> int:
+    """The weights alone, in fp32."""
+    return FLOAT * parameter_count(model)
+
+
+def training_bytes(model: ModelConfig, batch_size: int, precision: str = "fp32") -> int:
+    """What one training step of `model.position` keeps: weights, gradients and AdamW's two moments
+    (16 bytes per parameter), plus every tensor autograd saves for backward. The saved tensors are
+    measured, not guessed: the real model runs a forward and the loss at two short lengths and two
+    batch sizes under `saved_tensors_hooks`, with the attention path training would take at the full
+    length and the given precision, and the four totals fix the four terms of
+        saved(B, L) = B (a L + b P(L)) + c P(L) + k,
+    P(L) the (query, key) pairs that path visits: activations per token (a), attention scores per
+    pair (b), a bias built once for the batch (c: FIRE's MLP runs on every pair) and constants (k)."""
+    from relbench.attention import CHUNK
+    from relbench.model import GPT
+
+    backend = training_backend(model, precision)
+    probe = dataclasses.replace(model, attention=backend)
+    gpt = GPT(probe).eval()  # a probe, not training: no layer behaves differently, gradients still flow
+    top = model.train_length
+    if top <= 2:
+        lengths = (top, top)
+    else:
+        lengths = (max(2, min(16, top // 2)), min(32, top))
+
+    def pairs(length: int) -> int:
+        if backend != "chunked":
+            return length * length
+        return sum((end := min(length, start + CHUNK)) * (end - start) for start in range(0, length, CHUNK))
+
+    per_sequence, whole = [], []
+    for length in lengths:
+        one, two = (_saved_bytes(gpt, batch, length, precision) for batch in (1, 2))
+        per_sequence.append(two - one)
+        whole.append(2 * one - two)                       # c P(L) + k
+    (l1, l2), (p1, p2) = lengths, (pairs(lengths[0]), pairs(lengths[1]))
+    if l1 == l2:                                          # too short to separate L from L^2: scale by B alone
+        saved = batch_size * per_sequence[0] + whole[0]
+    else:
+        det = l1 * p2 - l2 * p1
+        a = max(0.0, (per_sequence[0] * p2 - per_sequence[1] * p1) / det)
+        b = max(0.0, (l1 * per_sequence[1] - l2 * per_sequence[0]) / det)
+        c = max(0.0, (whole[1] - whole[0]) / (p2 - p1))
+        k = max(0.0, whole[0] - c * p1)
+        target = pairs(model.train_length)
+        saved = batch_size * (a * model.train_length + b * target) + c * target + k
+    return int(FLOAT * 4 * sum(p.numel() for p in gpt.parameters()) + saved)
+
+
+def training_backend(model: ModelConfig, precision: str) -> str:
+    """The attention path training takes at the model's length (what `attention.choose` picks)."""
+    from relbench import positions
+    from relbench.attention import choose
+
+    if model.attention != "auto":
+        return model.attention
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    enc = positions.build_spec(model.position, n_heads=model.n_heads, head_dim=model.head_dim, d_model=model.d_model,
+                               train_length=model.train_length)
+    q = torch.zeros(1, model.n_heads, 2, model.head_dim, dtype=dtype)
+    return choose(enc.plan(2, 2, q), q, model.train_length, grad=True)
+
+
+def _saved_bytes(gpt, batch: int, length: int, precision: str) -> int:
+    """Bytes of the distinct storages autograd saves for backward in one forward and loss
+    (parameters excluded: they are counted with their optimiser state)."""
+    import torch.nn.functional as F
+
+    storages: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        if not (tensor.requires_grad and tensor.grad_fn is None):
+            storage = tensor.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    tokens = torch.zeros(batch, length, dtype=torch.long)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), \
+            torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        logits = gpt(tokens)
+        F.cross_entropy(logits.float().flatten(0, 1), tokens.flatten())
+    return sum(storages.values())
+
+
+def require(need: int, device: torch.device | str, what: str, fix: str) -> None:
+    """Refuse (RelbenchError) when `need` bytes do not fit in the budget of `device`."""
+    have = budget(device)
+    if have is not None and need > have:
+        capped = f" ({ENV} caps it)" if os.environ.get(ENV) else ""
+        raise RelbenchError(f"{what} needs at least {human(need)} of memory and {torch.device(device)} has "
+                            f"{human(have)} available{capped}; {fix}")
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether an exception is an allocation failure (CUDA's OutOfMemoryError, CPU's allocator, Python)."""
+    text = str(error).lower()
+    return (isinstance(error, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in text
+            or "can't allocate memory" in text)
