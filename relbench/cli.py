@@ -371,7 +371,7 @@ def bench_command(
 ) -> None:
     """Train, extrapolate and report in one go on the embedded corpus (the default preset: quick).
 
-    Example: relbench bench        (every variant, lengths 256 1024 4096, about 15 minutes on 2 cores)
+    Example: relbench bench        (all 16 variants, lengths 256 1024 4096, about 14 minutes on 2 cores)
     """
     with results.RunLock(run_dir):
         config = _train(run_dir, variants, preset, None, None, None, None, None, None, device, False)
