@@ -211,6 +211,27 @@ def test_fuzzed_arguments_never_end_in_a_traceback(tmp_path_factory, command, da
     assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit), (args, result.exception)
 
 
+SIZES = st.one_of(st.integers(1, 64), st.integers(1, 10**5), st.integers(1, 10**12))
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batch=SIZES, length=SIZES, variant=st.sampled_from(["xl", "fire", "rope", "transformer-xl"]))
+def test_fuzzed_sizes_are_trained_or_refused_in_one_line(tmp_path_factory, batch, length, variant):
+    """Any batch size and training length either trains (within a 1 GB budget) or is refused before
+    any work with one line that says what it needs, never a traceback or an allocation that the
+    kernel would answer with the OOM killer."""
+    folder = tmp_path_factory.mktemp("sizes")
+    result = runner.invoke(app, ["train", "--preset", "tiny", "--variants", variant, "--steps", "1", "--batch-size",
+                                 str(batch), "--train-length", str(length), "--run-dir", str(folder)],
+                           env={"RELBENCH_MEMORY": "1GB"})
+    assert "Traceback" not in result.output, result.output
+    if result.exit_code:
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert result.exit_code == 1 and lines[-1].startswith("error:"), result.output
+        assert "needs at least" in lines[-1] or "shorter than one training window" in lines[-1], lines[-1]
+        assert not (folder / "checkpoints").exists()
+
+
 def test_second_process_on_a_run_directory_is_refused(finished):
     with results.RunLock(finished):
         one_line_error(run("extrapolate", "--run-dir", finished, "--lengths", 32), "another relbench process",
