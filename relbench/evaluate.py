@@ -27,10 +27,9 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from relbench import checkpoints, results
+from relbench import checkpoints, memory, positions, results
 from relbench.config import EvalConfig
 from relbench.errors import UsageError
-from relbench.memory import is_out_of_memory
 from relbench.model import GPT
 from relbench.profile import profile_one
 
@@ -172,10 +171,18 @@ def evaluate_variant(model: GPT, spec: str, seed: int, stream: torch.Tensor, len
     if model.max_length is not None and length > model.max_length:
         row.update(status="unsupported", message=f"no position representation beyond {model.max_length}")
         return row, None
+    per_batch = max(1, max_batch_tokens // length)
+    need = memory.evaluation_bytes(model.config, backend, length, per_batch,
+                                   positions.adds_bias(spec, model.config.head_dim))
+    have = memory.budget(device)
+    if have is not None and need > have:  # the kernel would kill the process instead of raising
+        row.update(status="oom", message=f"skipped: {backend} attention at length {length} needs about "
+                                         f"{memory.human(need)}, {memory.human(have)} available on {device}")
+        return row, None
     try:
         result = perplexity(model, stream, length, max_batch_tokens, device, mode, stride)
     except (RuntimeError, MemoryError) as error:
-        if not is_out_of_memory(error):
+        if not memory.is_out_of_memory(error):
             raise
         row.update(status="oom", message=f"out of memory at length {length} on {device}")
         return row, None

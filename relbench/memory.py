@@ -89,6 +89,33 @@ def model_bytes(model: ModelConfig) -> int:
     return FLOAT * parameter_count(model)
 
 
+def qkv_bytes(length: int, batch: int, heads: int, head_dim: int) -> int:
+    """q, k, v and the output of one attention call (fp32): needed by every backend."""
+    return FLOAT * 4 * batch * heads * length * head_dim
+
+
+def scores_bytes(backend: str, length: int, batch: int, heads: int, has_bias: bool) -> int:
+    """Rough peak of the (H, L, L)-sized tensors a backend creates in a forward (fp32): the reference
+    path materialises scores, bias and probabilities; sdpa a bias mask (and its math fallback the
+    scores); chunked, split and flex stay O(L) per query block, and auto picks among those."""
+    square = FLOAT * heads * length * length
+    if backend == "reference":
+        return (3 * batch + 2) * square
+    if backend == "sdpa" and has_bias:
+        return (batch + 3) * square
+    return 0
+
+
+def evaluation_bytes(model: ModelConfig, backend: str, length: int, batch: int, has_bias: bool) -> int:
+    """One evaluation forward of `batch` windows of `length` (no gradients): a layer's activations
+    (residual, norm, q/k/v, attention output, MLP hidden before and after GELU), the logits and
+    their fp32 log-probabilities, and what the attention backend materialises."""
+    tokens = batch * length
+    hidden = int(model.mlp_ratio * model.d_model)
+    return (FLOAT * tokens * (7 * model.d_model + 2 * hidden + 2 * model.vocab_size)
+            + scores_bytes(backend, length, batch, model.n_heads, has_bias))
+
+
 def training_bytes(model: ModelConfig, batch_size: int, precision: str = "fp32") -> int:
     """What one training step of `model.position` keeps: weights, gradients and AdamW's two moments
     (16 bytes per parameter), plus every tensor autograd saves for backward. The saved tensors are

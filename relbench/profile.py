@@ -212,22 +212,6 @@ def shape_labels(rows: "pd.DataFrame") -> "pd.Series":
     return pd.Series([shape_label(*r) for r in rows[SHAPE].itertuples(index=False)], index=rows.index, dtype=object)
 
 
-def tensors_bytes(length: int, batch: int, heads: int, head_dim: int) -> int:
-    """q, k, v and the output of one attention call (fp32): needed by every backend."""
-    return 4 * batch * heads * length * head_dim * 4
-
-
-def materialised_bytes(backend: str, length: int, batch: int, heads: int, has_bias: bool) -> int:
-    """Rough peak of the (H, L, L)-sized tensors a backend creates (fp32), for skipping hopeless runs:
-    the reference path always materialises the scores; sdpa only materialises a bias mask."""
-    square = heads * length * length * 4
-    if backend == "reference":
-        return (3 * batch + 2) * square
-    if backend == "sdpa" and has_bias:
-        return (batch + 3) * square
-    return 0
-
-
 def run_isolated(config: dict[str, Any], timeout: float) -> dict[str, Any]:
     """profile_one(**config) in a fresh Python process (clean peak memory; a crash or the kernel's
     OOM killer takes only that process)."""
@@ -268,9 +252,9 @@ def profile_run(out_path: Path, specs: list[str], backends: list[str], lengths: 
                 config = dict(variant=spec, backend=backend, length=length, batch=batch, heads=heads,
                               head_dim=head_dim, device=device, repeats=repeats if length < 16384 else min(repeats, 3),
                               train_max=train_max)
-                need = tensors_bytes(length, batch, heads, head_dim)
+                need = memory.qkv_bytes(length, batch, heads, head_dim)
                 if available is None or need <= available:
-                    need += materialised_bytes(backend, length, batch, heads, positions.adds_bias(spec, head_dim))
+                    need += memory.scores_bytes(backend, length, batch, heads, positions.adds_bias(spec, head_dim))
                 if available is not None and need > 0.8 * available:
                     row = {**{k: config[k] for k in PROFILE_KEY}, "status": "oom",
                            "message": f"skipped: needs about {memory.human(need)}, {memory.human(available)} available"}

@@ -256,6 +256,22 @@ def test_out_of_memory_becomes_a_row_and_the_rest_continues(finished, monkeypatc
     assert rows.loc[128, "status"] == "oom" and rows.loc[32, "status"] == "ok" and rows.loc[256, "status"] == "ok"
 
 
+def test_a_length_that_cannot_fit_is_an_oom_row_before_it_runs(finished, monkeypatch):
+    """On CPU the kernel kills a process that allocates past the machine instead of raising, so a
+    length whose materialised scores cannot fit is recorded as oom without running; the rest run."""
+    from relbench import memory
+    from relbench.config import ModelConfig
+
+    config = ModelConfig(**results.read_json(finished / results.CONFIG)["model"])
+    small, large = (memory.evaluation_bytes(config, "reference", n, 4096 // n, True) for n in (32, 256))
+    monkeypatch.setenv("RELBENCH_MEMORY", str((small + large) // 2))
+    result = run("extrapolate", "--run-dir", finished, "--lengths", 32, 256, "--attention", "reference", "--force")
+    assert result.exit_code == 0, result.output
+    rows = pd.read_csv(finished / "extrapolation.csv").set_index("length")
+    assert rows.loc[32, "status"] == "ok"
+    assert rows.loc[256, "status"] == "oom" and rows.loc[256, "message"].startswith("skipped: reference attention")
+
+
 def test_extrapolate_again_computes_only_what_is_missing(finished, monkeypatch):
     from relbench import evaluate
 

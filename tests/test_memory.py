@@ -100,3 +100,15 @@ def test_is_out_of_memory(error, expected):
 def test_human():
     assert memory.human(3 * 2**30) == "3.0 GB" and memory.human(1536 * 2**20) == "1.5 GB"
     assert memory.human(2**10) == "1 KB" and memory.human(5 * 2**52) == "2.05e+04 TB"
+
+
+def test_evaluation_bytes_by_hand():
+    # d 8, hidden 32, vocab 10, 2 heads; 3 windows of 4 tokens: 12 tokens x (7 d + 2 hidden + 2 V) floats
+    model = ModelConfig(vocab_size=10, d_model=8, n_layers=3, n_heads=2, train_length=4)
+    activations = 4 * 12 * (7 * 8 + 2 * 32 + 2 * 10)
+    square = 4 * 2 * 4 * 4                                   # one (H, L, L) fp32 tensor
+    assert memory.evaluation_bytes(model, "reference", 4, 3, True) == activations + (3 * 3 + 2) * square
+    assert memory.evaluation_bytes(model, "sdpa", 4, 3, True) == activations + (3 + 3) * square
+    assert memory.evaluation_bytes(model, "sdpa", 4, 3, False) == activations
+    for backend in ("auto", "chunked", "split", "flex"):
+        assert memory.evaluation_bytes(model, backend, 4, 3, True) == activations
