@@ -154,3 +154,24 @@ def test_flex_matches_reference_for_the_zoo(name):
     q, k = enc.rotate(q, k)
     ref = attention(q, k, v, position=enc, backend="reference")
     torch.testing.assert_close(attention(q, k, v, position=enc, backend="flex"), ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_fire_curve_is_its_mlp(seed):
+    """FIRE evaluates its ReLU MLP as the piecewise-linear function it is: values and gradients (to x
+    and to every MLP weight) equal the MLP's, including with random weights that put kinks in [0, 1]
+    and a unit with zero input weight."""
+    enc = build("fire")
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in enc.mlp.parameters():
+            p.copy_(torch.randn(p.shape, generator=g))
+        enc.mlp[0].weight[3, 0] = 0.0
+    x = torch.rand(40, 50, generator=g).requires_grad_(True)
+    want = enc.mlp(x[..., None]).permute(2, 0, 1)
+    got = enc.curve(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    weights = torch.randn(want.shape, generator=g)
+    params = [x, *enc.mlp.parameters()]
+    for a, b in zip(torch.autograd.grad((want * weights).sum(), params), torch.autograd.grad((got * weights).sum(), params)):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-3)

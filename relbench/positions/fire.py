@@ -33,7 +33,9 @@ class FirePlan(BiasPlan):
         distance = distance_grid(q_start, q_end, k_start, k_end, device).abs().float()          # (bq, bk)
         query = torch.arange(q_start, q_end, device=device, dtype=torch.float32)[:, None]      # (bq, 1)
         normalised = fire.psi(distance) / (fire.psi(torch.maximum(query, fire.threshold())) + EPS)
-        return fire.mlp(normalised[..., None]).permute(2, 0, 1)                                  # (H, bq, bk)
+        if torch.is_grad_enabled() and self.requires_grad:  # training: the MLP's backward is dense products
+            return fire.mlp(normalised[..., None]).permute(2, 0, 1)                             # (H, bq, bk)
+        return fire.curve(normalised)                                                           # (H, bq, bk)
 
     @property
     def requires_grad(self) -> bool:
@@ -77,6 +79,33 @@ class Fire(PositionEncoding):
 
     def threshold(self) -> Tensor:
         return torch.abs(self.L_multiplier * self.init_L)
+
+    def curve(self, x: Tensor) -> Tensor:
+        """The MLP f applied to every element of x: (...) -> (H, ...), exactly, but as what it is.
+
+        f(x) = b2 + sum_u w2[:, u] relu(w1[u] x + b1[u]) of a scalar x is piecewise linear, with a
+        kink where a hidden unit switches (x = -b1[u] / w1[u]). Between kinks f is slope * x +
+        intercept, so each element costs a bucket search and one multiply-add per head instead of
+        the (1 + H) x width products of the MLP: about 2x faster on a (512, 4096) block on CPU, and
+        the chunked forward at 4096 (B=1, H=8, d=64) went from 1667 to 1304 ms. Slopes and intercepts
+        are differentiable in the MLP's weights and f in x, as the MLP is, but that backward scatters
+        every element's gradient into K + 1 pieces, slower than the MLP's (a quick training step took
+        108 ms against 94), so plans use the curve only where no gradient is needed."""
+        first, second = self.mlp[0], self.mlp[2]
+        w1, b1, w2, b2 = first.weight[:, 0], first.bias, second.weight, second.bias       # (W,) (W,) (H, W) (H,)
+        moving = w1 != 0
+        kinks = torch.sort((-b1[moving] / w1[moving]).detach()).values                     # (K,)
+        if kinks.numel():   # one point inside each of the K + 1 pieces tells which units are on there
+            inside = torch.cat([kinks[:1] - 1, (kinks[1:] + kinks[:-1]) / 2, kinks[-1:] + 1])
+        else:
+            inside = torch.zeros(1, dtype=w1.dtype, device=w1.device)
+        on = ((w1.detach() * inside[:, None] + b1.detach()) > 0).to(w1.dtype)                # (K + 1, W)
+        slope = (on * w1) @ w2.t()                                                           # (K + 1, H)
+        intercept = (on * b1) @ w2.t() + b2                                                  # (K + 1, H)
+        piece = torch.bucketize(x.detach().to(kinks.dtype), kinks).flatten()                 # (N,) in 0..K
+        shape = (w2.shape[0], *x.shape)
+        return torch.addcmul(intercept.t().index_select(1, piece).view(shape),
+                             slope.t().index_select(1, piece).view(shape), x.to(w1.dtype))
 
     def plan(self, q_len: int, k_len: int, q: Tensor | None = None) -> FirePlan:
         return FirePlan(self, q_len, k_len)
