@@ -27,7 +27,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from relbench import checkpoints, memory, positions, results
+from relbench import checkpoints, memory, results
 from relbench.config import EvalConfig
 from relbench.errors import UsageError
 from relbench.model import GPT
@@ -172,8 +172,7 @@ def evaluate_variant(model: GPT, spec: str, seed: int, stream: torch.Tensor, len
         row.update(status="unsupported", message=f"no position representation beyond {model.max_length}")
         return row, None
     per_batch = max(1, max_batch_tokens // length)
-    need = memory.evaluation_bytes(model.config, backend, length, per_batch,
-                                   positions.adds_bias(spec, model.config.head_dim))
+    need = memory.evaluation_bytes(model.config, backend, length, per_batch, model.positions[0].adds_bias())
     have = memory.budget(device)
     if have is not None and need > have:  # the kernel would kill the process instead of raising
         row.update(status="oom", message=f"skipped: {backend} attention at length {length} needs about "

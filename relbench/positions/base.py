@@ -60,6 +60,10 @@ class PositionEncoding(nn.Module):
         schemes ignore q, so one plan can serve every layer that shares the scheme."""
         return None
 
+    def adds_bias(self) -> bool:
+        """Whether this scheme adds a term to the attention logits (a plan exists)."""
+        return self.plan(2, 2, torch.zeros(1, self.n_heads, 2, self.head_dim)) is not None
+
     def bias(self, q_len: int, k_len: int) -> Tensor | None:
         """(H, q_len, k_len) additive logits bias that does not depend on content, or None."""
         if self.content_dependent:
@@ -227,4 +231,4 @@ def adds_bias(spec: str, head_dim: int = 64) -> bool:
         enc = build_spec(spec, n_heads=2, head_dim=head_dim)
     except RelbenchError:
         return True
-    return enc.plan(2, 2, torch.zeros(1, 2, 2, head_dim)) is not None
+    return enc.adds_bias()
