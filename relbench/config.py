@@ -12,6 +12,8 @@ from typing import Any
 
 from relbench.errors import UsageError, unknown
 
+INIT_STD = 0.02  # std of the token embeddings and weight matrices at initialisation (GPT-2)
+
 
 @dataclass
 class ModelConfig:

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from relbench import positions
 from relbench.attention import attention
 from relbench.attention import check as check_backend
-from relbench.config import ModelConfig
+from relbench.config import INIT_STD, ModelConfig
 from relbench.positions.base import PositionEncoding
 from relbench.positions.plan import BiasPlan
 
@@ -107,20 +107,37 @@ class GPT(nn.Module):
         x = self.ln_out(x)
         return torch.matmul(x, self.tok.weight.t())               # (B, L, V), tied embedding
 
+    @staticmethod
+    def generator(module_name: str, seed: int = 0) -> torch.Generator:
+        """The generator that initialises module `module_name`: seeded by (seed, module name), so a
+        module's initial weights do not depend on which other modules the model has."""
+        return torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(module_name.encode()))
+
     @torch.no_grad()
     def reset_parameters(self, seed: int = 0) -> None:
-        """Initialise every parameter from a generator seeded by (seed, parameter name)."""
-        residual_std = 0.02 / math.sqrt(2 * self.config.n_layers)   # GPT-2's scaled residual init
+        """Initialise every parameter from a generator seeded by (seed, module name). A position
+        module initialises its own children (FIRE's and dynamic's MLPs, transformer-xl's W_R) with
+        its own rule; the model hands it a generator and never reaches past it."""
+        residual_std = INIT_STD / math.sqrt(2 * self.config.n_layers)   # GPT-2's scaled residual init
+        owned: list[str] = []   # names of position modules: their descendants are theirs to initialise
         for module_name, module in self.named_modules():
-            generator = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(module_name.encode()))
+            if any(module_name.startswith(prefix + ".") for prefix in owned):
+                continue
+            generator = self.generator(module_name, seed)
             if isinstance(module, PositionEncoding):
+                owned.append(module_name)
                 module.reset_parameters(generator)
             elif isinstance(module, (nn.Linear, nn.Embedding)):
-                std = residual_std if module_name.endswith(("attn.proj", "mlp.proj")) else 0.02
+                std = residual_std if module_name.endswith(("attn.proj", "mlp.proj")) else INIT_STD
                 module.weight.copy_(torch.randn(module.weight.shape, generator=generator) * std)
             elif isinstance(module, nn.LayerNorm):
                 module.weight.fill_(1.0)
                 module.bias.zero_()
+
+    def project_parameters(self) -> None:
+        """After an optimiser step: each position module restores its parameters' constraints."""
+        for module in self.positions:
+            module.project_parameters()
 
     def n_params(self, positions_only: bool = False) -> int:
         params = self.positions.parameters() if positions_only else self.parameters()

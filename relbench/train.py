@@ -74,6 +74,12 @@ def make_optimizer(model: GPT, config: TrainConfig) -> torch.optim.AdamW:
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=config.lr, betas=(0.9, 0.95), eps=1e-8)
 
 
+def optimizer_step(model: GPT, optimizer: torch.optim.Optimizer) -> None:
+    """One optimiser step, then the position schemes' constraints (projected gradient descent)."""
+    optimizer.step()
+    model.project_parameters()
+
+
 @torch.no_grad()
 def validation_loss(model: GPT, windows: list[torch.Tensor], device: torch.device) -> float:
     model.eval()
@@ -179,7 +185,7 @@ def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, spl
         if step == config.steps - 1:  # what reaches the position parameters at the end, after clipping
             position_grads = {name: p.grad.norm().item()
                               for name, p in model.positions.named_parameters() if p.grad is not None}
-        optimizer.step()
+        optimizer_step(model, optimizer)
         done = step + 1
         last = done == config.steps
         state["running"] += loss.item()

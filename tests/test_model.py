@@ -57,6 +57,7 @@ def test_gradients_reach_every_position_parameter(name):
     with torch.no_grad():  # leave the near-zero init so every parameter has a visible effect
         for p in model.positions.parameters():
             p.normal_(0, 0.5)
+    model.project_parameters()   # as training does after every step
     tokens = torch.randint(0, 256, (2, TRAIN_LENGTH + 1))
     loss = F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
     loss.backward()

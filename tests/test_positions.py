@@ -19,6 +19,7 @@ def build(name, **options):
     with torch.no_grad():  # make learned tables non-trivial so invariance checks can fail
         for p in enc.parameters():
             p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(2)))
+    enc.project_parameters()   # as training does after every step
     return enc
 
 

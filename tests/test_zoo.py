@@ -24,6 +24,7 @@ def test_kerple_log_values():
     with torch.no_grad():
         enc.r1.copy_(torch.tensor([1.0, 2.0, 0.5, 0.001]))   # the last is kept at 0.01
         enc.r2.copy_(torch.tensor([1.0, 0.5, 3.0, 1.0]))
+    enc.project_parameters()
     bias = enc.distance_bias(torch.tensor([0, 1, 3]))
     expected = torch.tensor([[0, -math.log(2), -math.log(4)],
                              [0, -2 * math.log(1.5), -2 * math.log(2.5)],
@@ -37,15 +38,18 @@ def test_kerple_power_values_and_exponent_cap():
     with torch.no_grad():
         enc.r1.copy_(torch.tensor([1.0, 0.5, 1.0, 1.0]))
         enc.r2.copy_(torch.tensor([1.0, 2.0, 0.5, 5.0]))     # 5 is kept at 2
+    enc.project_parameters()
     bias = enc.distance_bias(torch.tensor([0, 2, 4]))
     expected = torch.tensor([[0, -2, -4], [0, -2, -8], [0, -math.sqrt(2), -2], [0, -4, -16]], dtype=torch.float32)
     torch.testing.assert_close(bias, expected)
 
 
-def test_kerple_parameters_get_gradients_when_clamped():
+def test_kerple_parameters_on_their_floor_still_get_gradients():
     enc = build("kerple-log")
     with torch.no_grad():
-        enc.r1.fill_(-1.0)   # below the floor: the forward uses 0.01, the gradient still flows
+        enc.r1.fill_(-1.0)
+    enc.project_parameters()   # stored at the floor, 0.01; the gradient can lift it off again
+    assert torch.equal(enc.r1.detach(), torch.full((H,), 0.01))
     enc.distance_bias(torch.arange(5)).sum().backward()
     assert (enc.r1.grad != 0).all()
 
@@ -65,13 +69,15 @@ def test_fire_values():
     plan = enc.plan(3, 600)
     i, j = 599, 597
     d, c = 2.0, 0.1
-    x = math.log(c * d + 1) / (math.log(c * max(512.0, i) + 1) + 1e-6)
+    threshold = 64 / 4                                                      # a quarter of the training length
+    x = math.log(c * d + 1) / (math.log(c * max(threshold, i) + 1) + 1e-6)
     expected = enc.mlp(torch.tensor([[x]], dtype=torch.float32))[0]            # (H,)
     got = plan.block(597, 600, 0, 600)[:, 2, j]                               # row of query 599
     torch.testing.assert_close(got, expected)
-    # below the threshold the normaliser is psi(512): the bias depends on i - j alone there
+    # below the threshold the normaliser is psi(16): the bias depends on i - j alone there
     early = enc.plan(100, 100).full()
-    torch.testing.assert_close(early[:, 50, 40], early[:, 60, 50])
+    torch.testing.assert_close(early[:, 10, 5], early[:, 15, 10])
+    assert not torch.allclose(early[:, 10, 5], early[:, 20, 15])
     # beyond it, it does not: the same distance reads a different normalised value
     late = enc.plan(2000, 2000).full()
     assert not torch.allclose(late[:, 1000, 990], late[:, 1900, 1890])

@@ -80,6 +80,10 @@ class PositionEncoding(nn.Module):
     def reset_parameters(self, generator: torch.Generator) -> None:
         """Initialise the scheme's own parameters from `generator` (deterministic per seed)."""
 
+    def project_parameters(self) -> None:
+        """Put constrained parameters back into their allowed set, in place (KERPLE's positivity).
+        Training calls it after every optimiser step; nothing to do for most schemes."""
+
     # ---- helpers ----------------------------------------------------------------------------------
     def n_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -5,8 +5,13 @@ Interpolation for Relative Positions Improves Long Context Transformers"):
 
 with f a small MLP (1 -> 32 -> H, ReLU), c and the threshold L learned. Dividing by the query's
 own position maps every distance into [0, 1] whatever the length: "progressive interpolation".
-The paper's initialisation: c = 0.1, L = 512 (a learned multiplier of a fixed 512). Because the
-normaliser depends on the query position i, the bias is not a function of i - j alone.
+The paper's initialisation: c = 0.1 and L = 512 (a learned multiplier of a fixed 512) for models
+trained at length 2048, so L starts at a quarter of the training length and most training queries
+lie beyond it, where the normaliser grows with the query. relbench keeps that ratio rather than
+the absolute 512: at a training length of 256 a threshold of 512 would exceed every training query,
+max(L, i) would be the constant L, and the interpolation the paper is about would never be
+trained. `threshold_ratio` changes the ratio. Because the normaliser depends on the query position
+i, the bias is not a function of i - j alone.
 """
 
 from __future__ import annotations
@@ -16,10 +21,12 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from relbench.errors import UsageError
 from relbench.positions.base import PositionEncoding, register
 from relbench.positions.plan import BiasPlan, distance_grid
 
-INIT_C, INIT_L, EPS = 0.1, 512.0, 1e-6
+INIT_C, EPS = 0.1, 1e-6
+PAPER_THRESHOLD_RATIO = 512 / 2048   # the paper's initial L over its training length
 
 
 class FirePlan(BiasPlan):
@@ -61,18 +68,23 @@ class FirePlan(BiasPlan):
 
 @register("fire")
 class Fire(PositionEncoding):
-    """FIRE with the paper's MLP (1 -> `width` -> H, ReLU) and initialisation; one per layer."""
+    """FIRE with the paper's MLP (1 -> `width` -> H, ReLU) and initialisation (the threshold at
+    `threshold_ratio` x the training length, the paper's 512 / 2048); one per layer."""
 
     family = "relative bias (position-normalised)"
     formula = "b = MLP(psi(i-j) / psi(max(L, i))), psi(x) = log(c x + 1), c, L, MLP learned"
     shared_across_layers = False
 
-    def __init__(self, n_heads: int, head_dim: int, d_model: int, train_length: int, width: int = 32):
+    def __init__(self, n_heads: int, head_dim: int, d_model: int, train_length: int, width: int = 32,
+                 threshold_ratio: float = PAPER_THRESHOLD_RATIO):
         super().__init__(n_heads, head_dim, d_model, train_length)
+        if width < 1 or not threshold_ratio > 0:
+            raise UsageError(f"fire needs width >= 1 and threshold_ratio > 0, got width={width}, "
+                             f"threshold_ratio={threshold_ratio}")
         self.mlp = nn.Sequential(nn.Linear(1, width), nn.ReLU(), nn.Linear(width, n_heads))
         self.c = nn.Parameter(torch.tensor(INIT_C))
         self.L_multiplier = nn.Parameter(torch.tensor(1.0))
-        self.register_buffer("init_L", torch.tensor(INIT_L))
+        self.register_buffer("init_L", torch.tensor(threshold_ratio * train_length))  # L = multiplier x this
 
     def psi(self, x: Tensor) -> Tensor:
         return torch.log(torch.abs(self.c * x) + 1)
@@ -120,4 +132,4 @@ class Fire(PositionEncoding):
             self.L_multiplier.fill_(1.0)
 
     def extra_repr(self) -> str:
-        return f"width={self.mlp[0].out_features}, heads={self.n_heads}"
+        return f"width={self.mlp[0].out_features}, initial threshold={float(self.init_L):g}, heads={self.n_heads}"
