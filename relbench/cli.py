@@ -34,7 +34,11 @@ Attention = Annotated[str, typer.Option(help=f"Attention backend: {', '.join(BAC
                                                  "path for the device and mode).")]
 Precision = Annotated[str, typer.Option(help=f"Training precision: {', '.join(PRECISIONS)} (bf16: autocast of "
                                                  "matrix products, fp32 weights; auto: bf16 where the hardware "
-                                                 "has it natively). Default: auto.")]
+                                                 "has it natively, so results depend on the host). Default: fp32.")]
+PositionLR = Annotated[str | None, typer.Option(help="Learning-rate multiplier of the position parameters: a number "
+                                                "for every variant, or the position_lr.json of a `relbench tune-lr` "
+                                                "sweep (per variant). Default: the preset's tuned multipliers; a "
+                                                "variant's own option wins (xl:position_lr_scale=10).")]
 
 
 def _check_backend(backend: str, spec: str, model: ModelConfig, device: torch.device, training: bool) -> None:
@@ -110,16 +114,33 @@ def _check_training_memory(specs: list[str], model: ModelConfig, train: TrainCon
                    f"{model.train_length} (preset {preset})", "use a smaller --batch-size or --train-length")
 
 
+def position_lr_overrides(value: str | None) -> dict[str, Any]:
+    """--position-lr-scale: a number (every variant) or a tune-lr position_lr.json (per variant)."""
+    if value is None:
+        return {}
+    try:
+        scale = float(value)
+    except ValueError:
+        from relbench.tune import read_choice
+
+        return {"position_lr_scales": read_choice(Path(value))}
+    if not (scale > 0 and scale < float("inf")):
+        raise UsageError(f"--position-lr-scale must be a positive number or a position_lr.json, got {value}")
+    return {"position_lr_scale": scale}
+
+
 def _train(run_dir: Path, variants: list[str] | None, preset: str, dataset: str | None, seeds: list[int] | None,
            steps: int | None, train_length: int | None, batch_size: int | None, lr: float | None,
-           device: str, force: bool, attention: str = "auto", precision: str | None = None) -> dict[str, Any]:
+           device: str, force: bool, attention: str = "auto", precision: str | None = None,
+           position_lr_scale: str | None = None) -> dict[str, Any]:
     from relbench.data import load_splits
     from relbench.train import train_run
 
     specs = all_variants(variants)
     model_config, train_config, eval_config = resolve(
         preset, model={"train_length": train_length},
-        train={"steps": steps, "batch_size": batch_size, "lr": lr, "attention": attention, "precision": precision})
+        train={"steps": steps, "batch_size": batch_size, "lr": lr, "attention": attention, "precision": precision,
+               **position_lr_overrides(position_lr_scale)})
     seeds = unique("seed", seeds or [0])
     target = resolve_device(device)
     train_config.precision = resolve_precision(train_config.precision, target)
@@ -168,6 +189,7 @@ def train_command(
     lr: Annotated[float | None, typer.Option(help="Peak learning rate (overrides the preset).")] = None,
     attention: Attention = "auto",
     precision: Precision | None = None,
+    position_lr_scale: PositionLR = None,
     device: Device = "auto",
     force: Annotated[bool, typer.Option(help="Train again variants that already have a finished checkpoint.")] = False,
 ) -> None:
@@ -177,7 +199,46 @@ def train_command(
     """
     with results.RunLock(run_dir):
         _train(run_dir, variants, preset, dataset, seeds, steps, train_length, batch_size, lr, device, force,
-               attention, precision)
+               attention, precision, position_lr_scale)
+
+
+@app.command("tune-lr")
+def tune_lr_command(
+    variants: Variants = None,
+    grid: Annotated[list[float] | None, typer.Option(help="Multipliers to try (default: 1 3 10 30).")] = None,
+    preset: Annotated[str, typer.Option(help=f"Named preset: {', '.join(PRESETS)}.")] = DEFAULT_PRESET,
+    dataset: Annotated[str | None, typer.Option(help="As for `relbench train` (default: the embedded corpus).")] = None,
+    run_dir: Annotated[Path, typer.Option("--run-dir", help="Run directory of the sweep.")] = Path("runs") / "lr-sweep",
+    seeds: Annotated[list[int] | None, typer.Option(help="Seeds per multiplier (default: 0).")] = None,
+    steps: Annotated[int | None, typer.Option(help="Optimiser steps (overrides the preset).")] = None,
+    device: Device = "auto",
+) -> None:
+    """Choose each variant's learning-rate multiplier for its position parameters: train it at every
+    multiplier of the grid and keep the one with the lowest validation loss at the training length.
+
+    Writes RUN/lr_sweep.csv (the sensitivity table) and RUN/position_lr.json (the choices), which
+    `relbench train --position-lr-scale RUN/position_lr.json` uses. Default variants: every one with
+    position parameters. An interrupted sweep resumes where it stopped.
+
+    Example: relbench tune-lr --variants xl t5 --grid 1 3 10 30 --run-dir runs/lr-sweep
+    """
+    from relbench import tune
+
+    model_config, _, _ = resolve(preset)
+    shape = dict(n_heads=model_config.n_heads, head_dim=model_config.head_dim, d_model=model_config.d_model,
+                 train_length=model_config.train_length)
+    specs = all_variants(variants or tune.learned_variants(shape))
+    grid = tune.validate_grid(list(grid or tune.GRID))
+    seeds = unique("seed", seeds or [0])
+    grid_specs = [tune.grid_spec(spec, scale) for spec in specs for scale in grid]
+    with results.RunLock(run_dir):
+        config = _train(run_dir, grid_specs, preset, dataset, seeds, steps, None, None, None, device, False)
+        frame = tune.collect(run_dir, specs, grid, seeds)
+        chosen = tune.write(run_dir, frame, config)
+    console.print(report.rich_table("Validation loss at the training length per position learning-rate multiplier "
+                                    "(* chosen)", *tune.table(frame)))
+    console.print(f"chosen: {', '.join(f'{v} x{s:g}' for v, s in chosen['chosen'].items())}; wrote "
+                  f"{run_dir / tune.SWEEP_CSV} and {run_dir / tune.CHOICE_JSON}")
 
 
 def _extrapolate(run_dir: Path, lengths: list[int] | None, variants: list[str] | None, attention: str,
@@ -367,6 +428,7 @@ def bench_command(
     preset: Annotated[str, typer.Option(help=f"Named preset: {', '.join(PRESETS)}.")] = DEFAULT_PRESET,
     lengths: Lengths = None,
     run_dir: RunDir = results.DEFAULT_RUN_DIR,
+    position_lr_scale: PositionLR = None,
     device: Device = "auto",
 ) -> None:
     """Train, extrapolate and report in one go on the embedded corpus (the default preset: quick).
@@ -374,7 +436,8 @@ def bench_command(
     Example: relbench bench        (all 16 variants, lengths 256 1024 4096, about 14 minutes on 2 cores)
     """
     with results.RunLock(run_dir):
-        config = _train(run_dir, variants, preset, None, None, None, None, None, None, device, False)
+        config = _train(run_dir, variants, preset, None, None, None, None, None, None, device, False,
+                        position_lr_scale=position_lr_scale)
         _extrapolate(run_dir, lengths, variants or config["variants"], "auto", None, device)
         _report(run_dir)
 

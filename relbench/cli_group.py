@@ -15,7 +15,7 @@ from relbench.errors import RelbenchError, one_line
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 # options that take several values after one flag: `--lengths 256 1024 4096`
-VARIADIC = ("--lengths", "--variants", "--attention", "--seeds", "--mode")
+VARIADIC = ("--lengths", "--variants", "--attention", "--seeds", "--mode", "--grid", "--task")
 
 
 def spread_variadic(args: list[str]) -> list[str]:

@@ -44,9 +44,10 @@ PRECISIONS = ("auto", "bf16", "fp32")
 
 def resolve_precision(precision: str, device) -> str:
     """"auto" -> "bf16" where the device computes bf16 natively (CUDA with bf16; a CPU with
-    AVX512-BF16 or AMX), else "fp32". Measured on the quick preset (2-core CPU, AVX512-BF16):
-    bf16 trained 1.3-1.5x faster (xl 80 -> 55 s) with validation losses within +-0.03 of fp32 and
-    no systematic change in extrapolation (README, "Precision")."""
+    AVX512-BF16 or AMX), else "fp32". Not the default: the same command must give the same science
+    on every host, and bf16 moved some variants' extrapolation (README, "Precision"). Measured on
+    the quick preset (2-core CPU, AVX512-BF16): bf16 trained 1.3-1.5x faster (xl 80 -> 55 s); on
+    an AVX2-only CPU bf16 is emulated and 12x slower than fp32."""
     import torch
 
     if precision != "auto":
@@ -68,9 +69,13 @@ class TrainConfig:
     warmup_steps: int = 50
     weight_decay: float = 0.1       # on matrices only, not on norms, biases or position tables
     grad_clip: float = 1.0          # max global gradient norm
-    position_lr_scale: float = 1.0  # learning-rate multiplier for position parameters (tables, vectors)
+    position_lr_scale: float | None = None  # learning-rate multiplier of every variant's position parameters;
+                                    # None: each variant's own from position_lr_scales (see position_lr)
+    position_lr_scales: dict[str, float] = field(default_factory=dict)  # per variant name: the multiplier
+                                    # that gave the best validation loss at the training length in a sweep
+                                    # (`relbench tune-lr`); 1 for a variant not in it
     attention: str = "auto"         # attention backend for training (relbench.attention.BACKENDS)
-    precision: str = "auto"         # "bf16" (autocast of matrix products), "fp32", or "auto": bf16 where
+    precision: str = "fp32"         # "fp32", "bf16" (autocast of matrix products), or "auto": bf16 where
                                     # the hardware has native bf16, else fp32 (see resolve_precision)
     eval_every: int = 100           # validation loss every this many steps (and at the end)
     checkpoint_every: int = 100     # resumable checkpoint every this many steps (and on Ctrl-C / SIGTERM)
@@ -83,6 +88,9 @@ class TrainConfig:
                 raise UsageError(f"{name} must be positive, got {getattr(self, name)}")
         if not self.lr > 0:
             raise UsageError(f"lr must be positive, got {self.lr}")
+        scales = ([] if self.position_lr_scale is None else [self.position_lr_scale]) + list(self.position_lr_scales.values())
+        if any(not (isinstance(x, (int, float)) and 0 < x < float("inf")) for x in scales):
+            raise UsageError(f"position learning-rate multipliers must be positive numbers, got {scales}")
         if self.precision not in PRECISIONS:
             raise unknown("precision", self.precision, list(PRECISIONS))
 
@@ -97,20 +105,17 @@ class EvalConfig:
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "tiny": {   # seconds: tests and smoke runs
         "model": dict(d_model=32, n_layers=2, n_heads=2, train_length=32),
-        "train": dict(steps=30, batch_size=8, lr=3e-3, warmup_steps=5, eval_every=15, eval_batches=2, checkpoint_every=5,
-                      position_lr_scale=30.0),
+        "train": dict(steps=30, batch_size=8, lr=3e-3, warmup_steps=5, eval_every=15, eval_batches=2, checkpoint_every=5),
         "eval": dict(eval_tokens=2048, max_batch_tokens=4096),
     },
     "quick": {  # the default: all 16 variants trained and extrapolated to 16x within 15 min on 2 cores
         "model": dict(d_model=128, n_layers=4, n_heads=4, train_length=256),
-        "train": dict(steps=400, batch_size=8, lr=3e-3, warmup_steps=50, eval_every=100, eval_batches=8,
-                      position_lr_scale=30.0),
+        "train": dict(steps=400, batch_size=8, lr=3e-3, warmup_steps=50, eval_every=100, eval_batches=8),
         "eval": dict(eval_tokens=32768, max_batch_tokens=16384),
     },
     "standard": {  # deeper, trained 3x longer, evaluated on 4x the tokens: about an hour on 2 cores
         "model": dict(d_model=128, n_layers=6, n_heads=4, train_length=256),
-        "train": dict(steps=1800, batch_size=8, lr=3e-3, warmup_steps=100, eval_every=200, eval_batches=8,
-                      position_lr_scale=30.0),
+        "train": dict(steps=1800, batch_size=8, lr=3e-3, warmup_steps=100, eval_every=200, eval_batches=8),
         "eval": dict(eval_tokens=131072, max_batch_tokens=16384),
     },
 }

@@ -34,7 +34,7 @@ def batch_at(tokens: torch.Tensor, step: int, seed: int, batch_size: int, length
     """Inputs and targets (B, L) of training step `step`: random windows of length L + 1, drawn
     from a generator seeded by (seed, step) so any step's batch can be recomputed."""
     generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
-    starts = torch.randint(0, tokens.numel() - length - 1, (batch_size,), generator=generator)  # (B,)
+    starts = torch.randint(0, tokens.numel() - length, (batch_size,), generator=generator)  # (B,), last: numel-L-1
     window = tokens[starts[:, None] + torch.arange(length + 1)].long()                         # (B, L + 1)
     return window[:, :-1], window[:, 1:]
 
@@ -61,16 +61,32 @@ def lr_at(step: int, config: TrainConfig) -> float:
     return floor + 0.5 * (config.lr - floor) * (1 + math.cos(math.pi * progress))
 
 
+def position_lr(spec: str, config: TrainConfig) -> tuple[float, str]:
+    """The learning-rate multiplier of `spec`'s position parameters and where it comes from: the
+    spec's own option ("xl:position_lr_scale=10"), else the run-wide --position-lr-scale, else the
+    variant's entry in `position_lr_scales` (a sweep's choice, `relbench tune-lr`), else 1."""
+    own = positions.training_options(spec).get("position_lr_scale")
+    if own is not None:
+        return float(own), "variant option"
+    if config.position_lr_scale is not None:
+        return float(config.position_lr_scale), "run option"
+    name, _ = positions.parse_spec(spec)
+    for key in (spec, name):
+        if key in config.position_lr_scales:
+            return float(config.position_lr_scales[key]), "tuned"
+    return 1.0, "default"
+
+
 def make_optimizer(model: GPT, config: TrainConfig) -> torch.optim.AdamW:
     """AdamW with weight decay on weight matrices only. Position parameters are not decayed and
-    learn `position_lr_scale` times faster (see TrainConfig)."""
+    learn `config.position_lr_scale` times faster (1 when unset; see `position_lr`)."""
     position = list(model.positions.parameters())
     position_ids = {id(p) for p in position}
     decay = [p for p in model.parameters() if p.dim() >= 2 and id(p) not in position_ids]
     rest = [p for p in model.parameters() if p.dim() < 2 and id(p) not in position_ids]
     groups = [{"params": decay, "weight_decay": config.weight_decay, "lr_scale": 1.0},
               {"params": rest, "weight_decay": 0.0, "lr_scale": 1.0},
-              {"params": position, "weight_decay": 0.0, "lr_scale": config.position_lr_scale}]
+              {"params": position, "weight_decay": 0.0, "lr_scale": config.position_lr_scale or 1.0}]
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=config.lr, betas=(0.9, 0.95), eps=1e-8)
 
 
@@ -144,6 +160,8 @@ def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, spl
     of a step depend on the step alone, so a resumed run ends with exactly the weights of an
     uninterrupted one."""
     model_config = dataclasses.replace(model_config, position=spec, attention=config.attention)
+    scale, scale_source = position_lr(spec, config)
+    config = dataclasses.replace(config, position_lr_scale=scale)
     model = GPT(model_config, seed=config.seed).to(device)
     model.train()
     optimizer = make_optimizer(model, config)
@@ -218,6 +236,7 @@ def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, spl
                               f"saved in {folder}; run the same `relbench train` again to resume", stop.signum)
     seconds = state["elapsed"] + time.perf_counter() - started
     summary = {"variant": spec, "seed": config.seed, "steps": config.steps, "val_loss": state["val"],
+               "position_lr_scale": scale, "position_lr_source": scale_source, "precision": config.precision,
                "grad_norm": float(grad_norm), "position_grad_norms": position_grads,
                "max_attention_logit": state["max_logit"], "train_seconds": seconds,
                "tokens_per_s": config.steps * tokens_per_step / seconds,
@@ -276,7 +295,8 @@ def train_run(run_dir: Path, specs: list[str], seeds: list[int], run_config: dic
                     continue
                 model.config.attention = "auto"  # the backend is a runtime choice, not part of the model
                 meta = {"variant": spec, "seed": seed, "finished": True, "status": "finished", "summary": summary,
-                        "model": to_dict(model.config), "train": to_dict(train_config), "dataset": run_config["dataset"]}
+                        "model": to_dict(model.config), "dataset": run_config["dataset"],
+                        "train": to_dict(dataclasses.replace(train_config, position_lr_scale=summary["position_lr_scale"]))}
                 _append_train_rows(Path(run_dir) / results.TRAIN_CSV, spec, seed, rows)
                 checkpoints.save_checkpoint(folder, model, meta)
                 progress.console.print(f"{label}: validation loss {summary['val_loss']:.4f} after {summary['steps']} "

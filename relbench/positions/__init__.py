@@ -19,4 +19,5 @@ from relbench.positions.base import (  # noqa: F401
     names,
     parse_spec,
     register,
+    training_options,
 )

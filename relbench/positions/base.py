@@ -184,11 +184,18 @@ def build(name: str, n_heads: int = 8, head_dim: int = 64, d_model: int | None =
 
 
 # ---- variant specs: "xl" or "xl:k=64,shared_heads=true" ---------------------------------------------
-def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
-    """Split a variant spec "name[:key=value,...]" into the name and typed options."""
+def _training_option(name: str, default: Any) -> inspect.Parameter:
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default)
+
+
+# options every variant takes that concern how it is trained, not the scheme itself
+TRAINING_OPTIONS = {"position_lr_scale": _training_option("position_lr_scale", 1.0)}
+
+
+def _parse(spec: str) -> tuple[str, dict[str, Any]]:
     name, _, rest = spec.strip().partition(":")
     cls = get(name)
-    allowed = cls.options()
+    allowed = {**cls.options(), **TRAINING_OPTIONS}
     options: dict[str, Any] = {}
     for item in filter(None, (s.strip() for s in rest.split(","))):
         key, eq, raw = item.partition("=")
@@ -196,9 +203,23 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
         if not eq:
             raise UsageError(f'option "{item}" in variant "{spec}" needs a value: write {key}=VALUE')
         if key not in allowed:
-            raise unknown(f'option of "{name}"', key, sorted(allowed) or ["(none)"])
+            raise unknown(f'option of "{name}"', key, sorted(allowed))
         options[key] = _convert(raw.strip(), allowed[key], spec)
+    if "position_lr_scale" in options and not options["position_lr_scale"] > 0:
+        raise UsageError(f'position_lr_scale in variant "{spec}" must be positive')
     return name, options
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """Split a variant spec "name[:key=value,...]" into the name and the scheme's typed options
+    (training options such as position_lr_scale are left to `training_options`)."""
+    name, options = _parse(spec)
+    return name, {k: v for k, v in options.items() if k not in TRAINING_OPTIONS}
+
+
+def training_options(spec: str) -> dict[str, Any]:
+    """The training options a spec sets, e.g. {"position_lr_scale": 10.0} for "xl:position_lr_scale=10"."""
+    return {k: v for k, v in _parse(spec)[1].items() if k in TRAINING_OPTIONS}
 
 
 def _convert(raw: str, param: inspect.Parameter, spec: str) -> Any:
