@@ -1,18 +1,24 @@
-"""Perplexity at evaluation lengths on the test split, in two protocols.
+"""Perplexity at evaluation lengths on the test split, in two protocols, with intervals.
 
-Both score the same N tokens (the first N + 1 test tokens; N a multiple of the longest length),
-each exactly once, so lengths and modes are comparable:
+The scored text: `n` segments of M scored predictions each (M = the longest evaluated length,
+n = eval_tokens // M), spread evenly over the whole test split (every part of it, not its first
+documents), each preceded by M tokens of context that are read but never scored. Every length and
+both modes score exactly these n x M predictions, each once, so lengths and modes differ only in
+the context each prediction sees:
 
-- `nonoverlap`: window w feeds tokens [wL, (w+1)L) and scores every prediction in it. A share of
-  the predictions sit near the start of a window with little context (the "early-token curse" of
-  Press et al. 2022), so longer windows look better for a reason unrelated to extrapolation.
-- `sliding` with stride S: after the first window, each window of L tokens ends S tokens after
-  the previous one and scores only those last S predictions, which therefore see at least L - S
-  tokens of context. Context tokens are not scored.
+- `nonoverlap`: each segment is cut into windows of L tokens; every prediction in a window is
+  scored. A share of the predictions sit near the start of a window with little context (the
+  "early-token curse" of Press et al. 2022), so longer windows look better for a reason unrelated
+  to extrapolation.
+- `sliding` with stride S: windows of L tokens end S tokens apart and score only their last S
+  predictions, so every scored prediction sees at least L - S tokens of context (the segment's
+  context reaches back far enough for the first window too).
 
-Loss by position: the mean loss in log-spaced bins of the position inside the window, which
-shows where a variant breaks (the loss jumps right after the training length) and where it gains
-from context.
+Uncertainty from the text: a bootstrap over the scored windows (1,000 resamples, fixed seed) gives
+a 95% interval of the perplexity (`ppl_low`, `ppl_high`), so a single seed shows how much the
+figure depends on which text was scored. Loss by position: the summed loss in log-spaced bins of
+the position inside the window, which shows where a variant breaks (the loss jumps right after the
+training length) and where it gains from context.
 """
 
 from __future__ import annotations
@@ -20,36 +26,49 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from relbench import checkpoints, memory, results
-from relbench.config import EvalConfig
 from relbench.errors import UsageError
 from relbench.model import GPT
-from relbench.profile import profile_one
-
 
 MODES = ("nonoverlap", "sliding")
+BOOTSTRAP_SAMPLES = 1000
 
 
-@dataclass
-class Perplexity:
-    loss: float              # mean negative log-likelihood per scored token, nats
-    ppl: float
-    n_tokens: int
-    n_windows: int
-    seconds: float
-    position_sum: np.ndarray    # (L,) summed loss of the predictions at each position in the window
-    position_count: np.ndarray  # (L,) how many predictions were scored there
+@dataclass(frozen=True)
+class ScoredText:
+    """Where the scored predictions are: segment k's inputs start at offsets[k] + context."""
+
+    tokens: torch.Tensor     # the whole test split, int64
+    offsets: list[int]       # first context token of each segment
+    segment: int             # scored predictions per segment (M)
+    context: int             # unscored tokens before each segment's scored part
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.offsets) * self.segment
+
+
+def scored_text(test: np.ndarray, lengths: list[int], eval_tokens: int) -> ScoredText:
+    """n = eval_tokens // M segments (at least one, at most what the test split holds without
+    overlap) of M = max(lengths) scored predictions, each after M context tokens, spread evenly
+    from the start to the end of the test split."""
+    longest = max(lengths)
+    span = 2 * longest + 1
+    if test.size < span:
+        raise UsageError(f"length {longest} needs {span:,} test tokens ({longest:,} of context before {longest:,} "
+                         f"scored); the test split has {test.size:,}: use lengths up to {(test.size - 1) // 2:,}")
+    count = max(1, min(eval_tokens // longest, test.size // span))
+    offsets = np.linspace(0, test.size - span, count).round().astype(int).tolist() if count > 1 else [0]
+    return ScoredText(torch.from_numpy(test.astype(np.int64)), offsets, longest, longest)
 
 
 def validate_lengths(lengths: list[int], available: int) -> list[int]:
-    """Sorted lengths, or a UsageError that says what is wrong with them."""
+    """Sorted lengths, or a UsageError that says what is wrong with them. `available`: the longest
+    length the text allows."""
     if not lengths:
         raise UsageError("give at least one evaluation length, e.g. --lengths 256 1024 4096")
     bad = [n for n in lengths if n < 1]
@@ -59,78 +78,104 @@ def validate_lengths(lengths: list[int], available: int) -> list[int]:
         dup = next(n for n in lengths if lengths.count(n) > 1)
         raise UsageError(f"evaluation length {dup} is given twice; give each length once")
     if max(lengths) > available:
-        raise UsageError(f"length {max(lengths)} is longer than the evaluation text ({available:,} scorable "
-                         f"tokens); use lengths up to {available:,} or a dataset with a larger test split")
+        raise UsageError(f"length {max(lengths)} is longer than the evaluation text allows ({available:,} tokens); "
+                         f"use lengths up to {available:,} or a dataset with a larger test split")
     return sorted(lengths)
 
 
-def scored_stream(test: np.ndarray, lengths: list[int], eval_tokens: int) -> torch.Tensor:
-    """The first N + 1 test tokens, N scored: the largest multiple of max(lengths) that is at most
-    `eval_tokens` (at least one longest window) and fits in the test split."""
-    longest = max(lengths)
-    available = test.size - 1
-    n = min(max(eval_tokens, longest), available)
-    n = max(longest, n - n % longest) if n >= longest else n
-    return torch.from_numpy(test[: n + 1].astype(np.int64))
+def longest_length(test_size: int) -> int:
+    """The longest evaluation length a test split of `test_size` tokens allows (context + scored)."""
+    return (test_size - 1) // 2
 
 
 @dataclass(frozen=True)
 class Window:
-    start: int        # first input token
+    start: int        # first input token (index into the test split)
     size: int         # inputs start .. start + size - 1, targets shifted by one
     score_from: int   # predictions at positions score_from .. size - 1 are scored
 
 
-def windows(n_scored: int, length: int, mode: str = "nonoverlap", stride: int | None = None) -> list[Window]:
-    """The windows that score each of n_scored predictions exactly once."""
-    if mode == "nonoverlap":
-        return [Window(start, min(length, n_scored - start), 0) for start in range(0, n_scored, length)]
-    if mode != "sliding":
+def windows(text: ScoredText, length: int, mode: str = "nonoverlap", stride: int | None = None) -> list[Window]:
+    """The windows that score each of the text's predictions exactly once."""
+    if mode not in MODES:
         raise UsageError(f'unknown evaluation mode "{mode}"; choose from: {", ".join(MODES)}')
-    stride = validate_stride(stride, length)
-    out = [Window(0, min(length, n_scored), 0)]
-    done = out[0].size
-    while done < n_scored:
-        end = min(done + stride, n_scored)
-        start = max(0, end - length)
-        out.append(Window(start, end - start, done - start))
-        done = end
+    out = []
+    for offset in text.offsets:
+        first, last = offset + text.context, offset + text.context + text.segment   # scored input positions
+        if mode == "nonoverlap":
+            out += [Window(s, min(length, last - s), 0) for s in range(first, last, length)]
+            continue
+        step = effective_stride(mode, stride, length)
+        done = first
+        while done < last:
+            end = min(done + step, last)
+            out.append(Window(end - length, length, length - (end - done)))
+            done = end
     return out
 
 
-def validate_stride(stride: int | None, length: int) -> int:
+def effective_stride(mode: str, stride: int | None, length: int) -> int:
+    """The number of predictions each window scores: L without overlap, min(S, L) when sliding."""
+    if mode == "nonoverlap":
+        return length
     if stride is None or stride < 1:
         raise UsageError(f"the sliding mode needs a stride between 1 and the window length, got {stride}")
     return min(stride, length)
 
 
+@dataclass
+class Perplexity:
+    loss: float              # mean negative log-likelihood per scored token, nats
+    ppl: float
+    ppl_low: float           # bootstrap 95% interval over windows
+    ppl_high: float
+    n_tokens: int
+    n_windows: int
+    seconds: float
+    position_sum: np.ndarray    # (L,) summed loss of the predictions at each position in the window
+    position_count: np.ndarray  # (L,) how many predictions were scored there
+
+
+def bootstrap_interval(window_loss: np.ndarray, window_count: np.ndarray, samples: int = BOOTSTRAP_SAMPLES,
+                       seed: int = 0) -> tuple[float, float]:
+    """95% percentile interval of exp(total loss / total count) over windows resampled with replacement."""
+    n = len(window_loss)
+    picks = np.random.default_rng(seed).integers(0, n, size=(samples, n))
+    ppl = np.exp(window_loss[picks].sum(1) / window_count[picks].sum(1))
+    low, high = np.percentile(ppl, [2.5, 97.5])
+    return float(low), float(high)
+
+
 @torch.no_grad()
-def perplexity(model: GPT, stream: torch.Tensor, length: int, max_batch_tokens: int, device: torch.device | str,
+def perplexity(model: GPT, text: ScoredText, length: int, max_batch_tokens: int, device: torch.device | str,
                mode: str = "nonoverlap", stride: int | None = None) -> Perplexity:
-    """Perplexity of `model` over `stream` (N + 1 tokens) in windows of `length` (see module doc)."""
+    """Perplexity of `model` over the scored text in windows of `length` (see the module doc)."""
     model.eval()
-    n_scored = stream.numel() - 1
-    plan = windows(n_scored, length, mode, stride)
+    plan = windows(text, length, mode, stride)
     per_batch = max(1, max_batch_tokens // length)
     position_sum = np.zeros(length)
     position_count = np.zeros(length, dtype=np.int64)
+    window_loss = np.zeros(len(plan))
+    window_count = np.array([w.size - w.score_from for w in plan], dtype=np.float64)
     start_time = time.perf_counter()
-    groups: dict[tuple[int, int], list[Window]] = {}
-    for window in plan:  # windows of the same shape batch together
-        groups.setdefault((window.size, window.score_from), []).append(window)
-    for (size, score_from), group in groups.items():
-        for b in range(0, len(group), per_batch):
-            batch = group[b: b + per_batch]
-            idx = torch.stack([stream[w.start: w.start + size + 1] for w in batch]).to(device)  # (B, size + 1)
+    groups: dict[tuple[int, int], list[int]] = {}
+    for index, window in enumerate(plan):  # windows of the same shape batch together
+        groups.setdefault((window.size, window.score_from), []).append(index)
+    for (size, score_from), members in groups.items():
+        for b in range(0, len(members), per_batch):
+            batch = members[b: b + per_batch]
+            idx = torch.stack([text.tokens[plan[i].start: plan[i].start + size + 1] for i in batch]).to(device)  # (B, size+1)
             logits = model(idx[:, :-1])[:, score_from:]                                        # (B, scored, V)
             nll = F.cross_entropy(logits.float().flatten(0, 1), idx[:, score_from + 1:].flatten(),
-                                  reduction="none").view(len(batch), -1)                         # (B, scored)
-            position_sum[score_from:size] += nll.double().sum(0).cpu().numpy()
+                                  reduction="none").view(len(batch), -1).double().cpu().numpy()  # (B, scored)
+            position_sum[score_from:size] += nll.sum(0)
             position_count[score_from:size] += len(batch)
+            window_loss[batch] = nll.sum(1)
     seconds = time.perf_counter() - start_time
-    assert int(position_count.sum()) == n_scored, "every prediction is scored exactly once"
-    loss = float(position_sum.sum() / n_scored)
-    return Perplexity(loss, math.exp(loss), n_scored, len(plan), seconds, position_sum, position_count)
+    assert int(position_count.sum()) == text.n_tokens, "every prediction is scored exactly once"
+    loss = float(window_loss.sum() / text.n_tokens)
+    low, high = bootstrap_interval(window_loss, window_count)
+    return Perplexity(loss, math.exp(loss), low, high, text.n_tokens, len(plan), seconds, position_sum, position_count)
 
 
 def position_bins(length: int) -> list[tuple[int, int]]:
@@ -149,100 +194,3 @@ def position_rows(result: Perplexity, base: dict) -> list[dict]:
             rows.append({**base, "bin_start": lo, "bin_end": hi, "n_tokens": count, "loss_sum": total,
                          "loss": total / count})
     return rows
-
-
-# ---- the `extrapolate` command's work: every trained variant x seed at every length and mode --------
-ROW_KEY = ["variant", "seed", "length", "mode"]
-POSITIONS_CSV = "positions.csv"
-COST = ("bias_ms", "bias_peak_mb", "attention_ms", "attention_peak_mb")
-
-
-def evaluate_variant(model: GPT, spec: str, seed: int, stream: torch.Tensor, length: int, mode: str,
-                     stride: int | None, max_batch_tokens: int, backend: str,
-                     device: torch.device) -> tuple[dict, Perplexity | None]:
-    """One tidy row (perplexity at `length` in `mode`) and the full result, or None if it did not run."""
-    n_scored = stream.numel() - 1
-    stride = length if mode == "nonoverlap" else validate_stride(stride, length)
-    row = {"variant": spec, "seed": seed, "length": length, "mode": mode, "window": length, "stride": stride,
-           "train_length": model.config.train_length, "attention": backend, "device": str(device),
-           "status": "ok", "loss": float("nan"), "ppl": float("nan"), "n_tokens": n_scored,
-           "n_windows": len(windows(n_scored, length, mode, stride)), "eval_s": float("nan"),
-           "tokens_per_s": float("nan"), **{k: float("nan") for k in COST}, "message": ""}
-    if model.max_length is not None and length > model.max_length:
-        row.update(status="unsupported", message=f"no position representation beyond {model.max_length}")
-        return row, None
-    per_batch = max(1, max_batch_tokens // length)
-    need = memory.evaluation_bytes(model.config, backend, length, per_batch, model.positions[0].adds_bias())
-    have = memory.budget(device)
-    if have is not None and need > have:  # the kernel would kill the process instead of raising
-        row.update(status="oom", message=f"skipped: {backend} attention at length {length} needs about "
-                                         f"{memory.human(need)}, {memory.human(have)} available on {device}")
-        return row, None
-    try:
-        result = perplexity(model, stream, length, max_batch_tokens, device, mode, stride)
-    except (RuntimeError, MemoryError) as error:
-        if not memory.is_out_of_memory(error):
-            raise
-        row.update(status="oom", message=f"out of memory at length {length} on {device}")
-        return row, None
-    row.update(loss=result.loss, ppl=result.ppl, eval_s=result.seconds, tokens_per_s=result.n_tokens / result.seconds)
-    return row, result
-
-
-def layer_cost(model: GPT, length: int, backend: str, device: torch.device) -> dict:
-    """Cost of one layer of this model's shape (batch 1): bias construction and attention."""
-    config = model.config
-    cost = profile_one(config.position, backend, length, batch=1, heads=config.n_heads, head_dim=config.head_dim,
-                       device=str(device), repeats=3, train_max=0, train_length=config.train_length)
-    return {k: float("nan") if cost.get(k) is None else cost[k] for k in COST}
-
-
-def extrapolate_run(run_dir: Path, pairs: list[tuple[str, int]], lengths: list[int], modes: list[str],
-                    stride: int | None, stream: torch.Tensor, eval_config: EvalConfig, backend: str,
-                    device: torch.device, console, force: bool = False) -> pd.DataFrame:
-    """Evaluate every (variant, seed) in `pairs` at every length and mode. Rows are written to
-    extrapolation.csv and positions.csv as each finishes, replacing earlier rows with the same key;
-    rows already there for the same protocol (stride, scored tokens) are kept and not recomputed
-    unless `force`, so an interrupted run computes only the rest when run again. The cost of bias
-    and attention is measured once per variant and length (it depends on neither seed nor mode)."""
-    path, bins_path = Path(run_dir) / results.EXTRAPOLATION_CSV, Path(run_dir) / POSITIONS_CSV
-    table = results.read_csv(path, set(ROW_KEY) | {"status", "stride", "n_tokens"}) if path.is_file() else pd.DataFrame()
-    bins = results.read_csv(bins_path, set(ROW_KEY)) if bins_path.is_file() else pd.DataFrame()
-    n_scored = stream.numel() - 1
-    costs: dict[tuple[str, int], dict] = {}
-    for spec, seed in pairs:
-        todo = [(length, mode) for length in lengths for mode in modes
-                if force or not _done(table, spec, seed, length, mode, length if mode == "nonoverlap" else stride, n_scored)]
-        if len(todo) < len(lengths) * len(modes):
-            console.print(f"{spec:<12} seed {seed}: {len(lengths) * len(modes) - len(todo)} row(s) already computed, kept",
-                          markup=False)
-        if not todo:
-            continue
-        model = checkpoints.load_model(results.checkpoint_dir(run_dir, spec, seed), device)
-        model.config.attention = backend
-        for length, mode in todo:
-            row, result = evaluate_variant(model, spec, seed, stream, length, mode, stride,
-                                           eval_config.max_batch_tokens, backend, device)
-            if result is not None:
-                if (spec, length) not in costs:
-                    costs[spec, length] = layer_cost(model, length, backend, device)
-                row.update(costs[spec, length])
-                key = {"variant": spec, "seed": seed, "length": length, "mode": mode}
-                bins = results.replace_rows(bins, key, position_rows(result, key))
-            shown = f"ppl {row['ppl']:.3f}" if row["status"] == "ok" else row["status"]
-            console.print(f"{spec:<12} seed {seed} L={length:<6} {mode:<10} {shown:<14} "
-                          + (f"{row['eval_s']:.1f}s" if row["status"] == "ok" else row["message"]), markup=False)
-            table = results.upsert(table, row, ROW_KEY)
-            results.write_csv(bins_path, bins)
-            results.write_csv(path, table)
-        del model
-    return table
-
-
-def _done(table: pd.DataFrame, spec: str, seed: int, length: int, mode: str, stride: int | None, n_scored: int) -> bool:
-    if table.empty:
-        return False
-    same = table[(table["variant"] == spec) & (table["seed"] == seed) & (table["length"] == length)
-                 & (table["mode"] == mode)]
-    return bool(((same["status"].isin(["ok", "unsupported"])) & (same["stride"] == stride)
-                 & (same["n_tokens"] == n_scored)).any())

@@ -94,6 +94,39 @@ def layer_statistics(model: GPT, tokens: torch.Tensor) -> list[dict[str, Any]]:
     return rows
 
 
+HARD_WINDOW_NATS = 30.0  # a key whose position term is this far below its row's best gets < 1e-13 of the
+                        # weight whatever its content logit: beyond it, the head cannot see
+
+
+@torch.no_grad()
+def window_diagnostics(model: GPT, tokens: torch.Tensor) -> dict[str, float]:
+    """How far a trained model looks, on windows `tokens` (B, L) at the training length: the mean
+    attention distance sum_j p_ij (i - j) (over queries, heads and layers), the largest |logit|
+    (content + position), and the heads whose position term alone closes a hard window inside L:
+    for the last query of a window, the smallest distance from which every key's position term is
+    HARD_WINDOW_NATS or more below the row's largest (so no content logit can reach it)."""
+    model.eval()
+    L = tokens.shape[-1]
+    visible = torch.ones(L, L, dtype=torch.bool, device=tokens.device).tril()
+    distance = (torch.arange(L, device=tokens.device)[:, None] - torch.arange(L, device=tokens.device)[None, :]).float()
+    reach, largest, limits, heads = [], 0.0, [], 0
+    for _, logits, bias in attention_layers(model, tokens):
+        bias_full = torch.zeros_like(logits) if bias is None else bias.expand_as(logits).float()
+        total = (logits + bias_full).masked_fill(~visible, float("-inf"))
+        reach.append(float((torch.softmax(total, -1) * distance).sum(-1).mean()))
+        largest = max(largest, float((logits + bias_full).masked_fill(~visible, 0).abs().max()))
+        last = bias_full[..., -1, :]                                                 # (B, H, L): the last query's row
+        drop = last.max(-1, keepdim=True).values - last >= HARD_WINDOW_NATS           # (B, H, L) over keys 0..L-1
+        # key j sits at distance L-1-j: hidden from distance d on means keys 0 .. L-1-d all hidden
+        hidden_prefix = drop.long().cumprod(-1).bool()                                # (B, H, L)
+        for row in hidden_prefix.flatten(0, 1):
+            heads += 1
+            if bool(row[0]):                                                          # the farthest key is hidden
+                limits.append(L - int(row.sum()))                                     # distances it can still see
+    return {"mean_distance": sum(reach) / len(reach), "max_logit": largest, "hard_heads": len(limits) / max(1, tokens.shape[0]),
+            "heads": heads / max(1, tokens.shape[0]), "hard_window": float(min(limits)) if limits else float("nan")}
+
+
 def inspect_run(run_dir: Path, specs: list[str], seed: int, lengths: list[int], test: torch.Tensor,
                 device: torch.device) -> pd.DataFrame:
     out = []

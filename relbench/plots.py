@@ -6,7 +6,11 @@
   the training length marked;
 - learned_bias.png: the learned bias against relative distance, per head, for every trained
   variant with a learned distance bias (xl, t5, ...), with ALiBi's fixed lines for comparison;
+- passkey.png: passkey accuracy per variant, length by depth of the key (passkey.csv);
+- copy_distance.png: loss with / without an earlier copy of the text against its distance (copy.csv);
 - attention_cost.png: attention time against length per backend, from profile.csv.
+
+Panels are laid out in rows of at most four.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
@@ -61,19 +66,31 @@ def _log_axes(ax, xticks: list[int] | None = None) -> None:
     ax.yaxis.set_minor_formatter(plain)
 
 
+def _grid(n: int, width: float = 4.2, height: float = 3.6, columns: int = 4, **kwargs):
+    """A figure of n panels in rows of at most `columns` (never one endless row); unused panels hidden."""
+    cols = min(columns, n)
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False, **kwargs)
+    flat = list(axes.flat)
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    return fig, flat[:n]
+
+
 def perplexity_vs_length(summary: pd.DataFrame, train_length: int, path: Path) -> Path:
-    modes = list(summary["mode"].unique())
-    fig, axes = plt.subplots(1, len(modes), figsize=(6 * len(modes) + 1.5, 4.2), squeeze=False)
+    protocols = list(summary["protocol"].unique())
+    fig, axes = _grid(len(protocols), width=6.5, height=4.4, columns=2)
     names = sorted(summary["variant"].unique())
-    for ax, mode in zip(axes[0], modes):
-        for variant, mine in summary[(summary["mode"] == mode) & (summary["status"] == "ok")].groupby("variant", sort=False):
+    for ax, protocol in zip(axes, protocols):
+        for variant, mine in summary[(summary["protocol"] == protocol) & (summary["status"] == "ok")].groupby("variant", sort=False):
             mine = mine.sort_values("length")
             ax.errorbar(mine["length"], mine["ppl_mean"], yerr=mine["ppl_ci95"].fillna(0), capsize=3,
                         label=variant, **_style(names.index(variant)))
         ax.axvline(train_length, color="grey", linestyle=":", label="training length")
-        ax.set(xlabel="evaluation length (tokens)", ylabel="perplexity", title=f"Perplexity vs length ({mode})")
+        ax.set(xlabel="evaluation length (tokens)", ylabel="perplexity")
+        ax.set_title(f"Perplexity vs length\n{protocol}", fontsize=9)
         _log_axes(ax, sorted(summary["length"].unique()))
-    _legend(axes[0][-1])
+    _legend(axes[-1])
     return _save(fig, path)
 
 
@@ -82,6 +99,9 @@ def loss_by_position(bins: pd.DataFrame, train_length: int, path: Path) -> Path:
     here = bins[bins["mode"] == mode]
     longest = int(here["length"].max())
     here = here[here["length"] == longest]
+    for column in ("segment", "n_tokens"):  # one protocol: the widest measurement at that length
+        if column in here:
+            here = here[here[column] == here[column].max()]
     fig, ax = plt.subplots(figsize=(8.5, 4.2))
     names = sorted(here["variant"].unique())
     for variant, mine in here.groupby("variant", sort=False):
@@ -119,8 +139,8 @@ def learned_bias(run_dir: Path, config: dict[str, Any], path: Path) -> Path | No
         return None
     train_length = int(config["model"]["train_length"])
     distance = torch.arange(0, 2 * train_length)
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), squeeze=False)
-    for ax, (variant, layer, enc) in zip(axes[0], panels):
+    fig, axes = _grid(len(panels))
+    for ax, (variant, layer, enc) in zip(axes, panels):
         with torch.no_grad():
             values = enc.distance_bias(distance).float()                     # (H, D)
             alibi = -positions.alibi.slopes(enc.n_heads)[:, None] * distance  # (H, D)
@@ -133,7 +153,7 @@ def learned_bias(run_dir: Path, config: dict[str, Any], path: Path) -> Path | No
         ax.set(xlabel="distance i - j", ylabel="bias - bias at distance 0", title=f"{variant}, layer {layer}",
                ylim=(low - margin, high + margin))
         ax.axvline(train_length, color="grey", linestyle=":")
-    axes[0][0].legend(fontsize=7, title="dashed: ALiBi", title_fontsize=7)
+    axes[0].legend(fontsize=7, title="dashed: ALiBi", title_fontsize=7)
     return _save(fig, path)
 
 
@@ -147,20 +167,68 @@ def attention_cost(profile: pd.DataFrame, path: Path) -> Path | None:
     ok["shape"] = shape_labels(ok)
     several = ok["shape"].nunique() > 1
     variants = list(ok["variant"].unique())
-    fig, axes = plt.subplots(1, len(variants), figsize=(4.5 * len(variants), 3.8), squeeze=False, sharey=True)
-    for ax, variant in zip(axes[0], variants):
+    fig, axes = _grid(len(variants), sharex=True, sharey=True)
+    for ax, variant in zip(axes, variants):
         for (backend, shape), mine in ok[ok["variant"] == variant].groupby(["backend", "shape"], sort=False):
             mine = mine.sort_values("length")
             ax.plot(mine["length"], mine["total_ms"], marker="o", label=f"{backend} ({shape})" if several else backend)
         ax.set(xlabel="length", title=variant)
         _log_axes(ax, sorted(ok["length"].unique()))
         ax.legend(fontsize=7)
-    axes[0][0].set_ylabel("bias + attention forward (ms)")
+    axes[0].set_ylabel("bias + attention forward (ms)")
+    return _save(fig, path)
+
+
+def passkey_heatmaps(keys: pd.DataFrame, train_length: int, path: Path) -> Path | None:
+    """Passkey accuracy per variant: evaluation length (x) by depth of the key (y), mean over seeds."""
+    ok = keys[keys["status"] == "ok"]
+    if ok.empty:
+        return None
+    variants = list(dict.fromkeys(ok["variant"]))
+    lengths = sorted(ok["length"].unique())
+    depths = sorted(ok["depth"].unique())
+    fig, axes = _grid(len(variants), width=3.4, height=2.8)
+    image = None
+    for ax, variant in zip(axes, variants):
+        mean = ok[ok["variant"] == variant].groupby(["depth", "length"])["accuracy"].mean().unstack("length")
+        grid = mean.reindex(index=depths, columns=lengths).to_numpy(dtype=float)
+        image = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
+        for (i, j), value in np.ndenumerate(grid):
+            if not np.isnan(value):
+                ax.text(j, i, f"{value:.0%}", ha="center", va="center", fontsize=6,
+                        color="white" if value < 0.6 else "black")
+        ax.set_xticks(range(len(lengths)), [f"{n:g}" + ("*" if n == train_length else "") for n in lengths], fontsize=7)
+        ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths], fontsize=7)
+        ax.set_title(variant, fontsize=9)
+    axes[0].set(xlabel="length (* training)", ylabel="depth of the key")
+    fig.colorbar(image, ax=axes, shrink=0.6, label="passkey accuracy")
+    return _save(fig, path)
+
+
+def copy_distance(copies: pd.DataFrame, train_length: int, path: Path) -> Path | None:
+    """Loss with / without an earlier copy of the text against the copy's distance, mean over seeds."""
+    ok = copies[copies["status"] == "ok"]
+    if ok.empty:
+        return None
+    fig, ax = plt.subplots(figsize=(8.5, 4.2))
+    names = sorted(ok["variant"].unique())
+    for variant, mine in ok.groupby("variant", sort=False):
+        mean = mine.groupby("distance")[["ratio", "ratio_low", "ratio_high"]].mean().reset_index()
+        ax.errorbar(mean["distance"], mean["ratio"], yerr=[mean["ratio"] - mean["ratio_low"],
+                                                           mean["ratio_high"] - mean["ratio"]],
+                    capsize=2, label=variant, **_style(names.index(variant)))
+    ax.axvline(train_length, color="grey", linestyle=":", label="training length")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax.set(xlabel="distance of the earlier copy (tokens)", ylabel="loss with copy / without",
+           title="Does the model use a copy of the text d tokens back? (1 = not at all)")
+    _legend(ax)
     return _save(fig, path)
 
 
 def render_all(run_dir: Path, config: dict[str, Any], summary: pd.DataFrame | None) -> dict[str, Path]:
-    from relbench.evaluate import POSITIONS_CSV
+    from relbench.extrapolate import POSITIONS_CSV
     from relbench.profile import PROFILE_CSV
 
     run_dir = Path(run_dir)
@@ -175,6 +243,14 @@ def render_all(run_dir: Path, config: dict[str, Any], summary: pd.DataFrame | No
         bias = learned_bias(run_dir, config, folder / "learned_bias.png")
         if bias is not None:
             out["learned bias"] = bias
+    from relbench.extrapolate import COPY_CSV, PASSKEY_CSV
+
+    if config and (run_dir / PASSKEY_CSV).is_file():
+        out["passkey"] = passkey_heatmaps(results.read_csv(run_dir / PASSKEY_CSV), int(config["model"]["train_length"]),
+                                          folder / "passkey.png")
+    if config and (run_dir / COPY_CSV).is_file():
+        out["copy distance"] = copy_distance(results.read_csv(run_dir / COPY_CSV), int(config["model"]["train_length"]),
+                                             folder / "copy_distance.png")
     if (run_dir / PROFILE_CSV).is_file():
         cost = attention_cost(results.read_csv(run_dir / PROFILE_CSV), folder / "attention_cost.png")
         if cost is not None:

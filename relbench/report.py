@@ -31,6 +31,16 @@ def load_rows(run_dir: Path) -> pd.DataFrame:
     if missing:
         raise RelbenchError(f"{path} lacks columns {sorted(missing)}; rerun `relbench extrapolate`")
     rows["message"] = ["" if pd.isna(m) else str(m) for m in rows["message"]] if "message" in rows else ""
+    return with_protocol(rows)
+
+
+def with_protocol(rows: pd.DataFrame) -> pd.DataFrame:
+    """`rows` with a `protocol` column: what was scored and how (mode, requested stride, scored tokens
+    and segment length). Rows of different protocols are never mixed in one table or ratio."""
+    if "protocol" in rows:
+        return rows
+    rows = rows.copy()
+    rows["protocol"] = rows["mode"]
     return rows
 
 
@@ -50,8 +60,10 @@ def aggregate(rows: pd.DataFrame, config: dict[str, Any]) -> pd.DataFrame:
     """One row per variant x mode x length: seed statistics of perplexity and of the ratio to the
     reference length (computed per seed, then summarised), and whether the best is resolved."""
     ref = reference_length(rows, config)
+    rows = with_protocol(rows)
     out = []
-    for mode, by_mode in rows.groupby("mode", sort=False):
+    for protocol, by_mode in rows.groupby("protocol", sort=False):
+        mode = by_mode["mode"].iloc[0]
         ok = by_mode[by_mode["status"] == "ok"]
         per_seed = {(r.variant, r.length, r.seed): r.ppl for r in ok.itertuples()}
         for length in sorted(by_mode["length"].unique()):
@@ -69,29 +81,24 @@ def aggregate(rows: pd.DataFrame, config: dict[str, Any]) -> pd.DataFrame:
                 p, r = summarize(list(ppl.values())), summarize(ratio)
                 statuses = sorted(set(mine["status"]))
                 tie = None if variant == best or p.n == 0 else unresolved(ppl, best_by_seed)
-                out.append({"variant": variant, "mode": mode, "length": int(length), "n_seeds": p.n,
+                ok_mine = mine[mine["status"] == "ok"]
+                text_low, text_high = (float(ok_mine[c].mean()) if c in ok_mine and len(ok_mine) else math.nan
+                                       for c in ("ppl_low", "ppl_high"))
+                out.append({"variant": variant, "mode": mode, "protocol": protocol, "length": int(length), "n_seeds": p.n,
                             "status": "ok" if statuses == ["ok"] else "/".join(statuses),
                             "ppl_mean": p.mean, "ppl_std": p.std, "ppl_ci95": p.half_width,
+                            "ppl_low": text_low, "ppl_high": text_high,
                             "ratio_mean": r.mean, "ratio_ci95": r.half_width, "best": variant == best,
                             "unresolved_vs_best": tie})
     return pd.DataFrame(out)
 
 
-def stride_note(rows: pd.DataFrame) -> str:
-    """', stride S' for sliding rows; a window shorter than S is scored whole (the stride is clipped)."""
-    if "stride" not in rows or rows["stride"].isna().all():
-        return ""
-    stride = int(rows["stride"].max())
-    if not (rows["stride"] == rows["window"].clip(upper=stride)).all():
-        return ", strides " + ", ".join(str(int(s)) for s in sorted(rows["stride"].dropna().unique()))
-    return f", stride {stride}" + (" (shorter windows are scored whole)" if (rows["window"] < stride).any() else "")
-
-
 def pivot(summary: pd.DataFrame) -> pd.DataFrame:
     """One row per variant and mode, columns per length: ppl mean, std, 95% half-width, ratio."""
     out = []
-    for (variant, mode), mine in summary.groupby(["variant", "mode"], sort=False):
-        record: dict[str, Any] = {"variant": variant, "mode": mode, "n_seeds": int(mine["n_seeds"].max())}
+    for (variant, protocol), mine in summary.groupby(["variant", "protocol"], sort=False):
+        record: dict[str, Any] = {"variant": variant, "mode": mine["mode"].iloc[0], "protocol": protocol,
+                                  "n_seeds": int(mine["n_seeds"].max())}
         for r in mine.itertuples():
             record.update({f"ppl@{r.length}": r.ppl_mean, f"std@{r.length}": r.ppl_std,
                            f"ci95@{r.length}": r.ppl_ci95, f"ratio@{r.length}": r.ratio_mean,
@@ -106,6 +113,8 @@ def _cell(r) -> str:
     text = f"{r.ppl_mean:.3f}"
     if r.n_seeds > 1:
         text += f" ±{r.ppl_ci95:.3f}"
+    elif not math.isnan(getattr(r, "ppl_low", math.nan)):
+        text += f" [{r.ppl_low:.3f}, {r.ppl_high:.3f}]"
     if not math.isnan(r.ratio_mean):
         text += f" (x{r.ratio_mean:.2f})"
     if r.unresolved_vs_best is True:
@@ -113,8 +122,8 @@ def _cell(r) -> str:
     return text
 
 
-def perplexity_table(summary: pd.DataFrame, mode: str) -> tuple[list[str], list[list[str]]]:
-    mine = summary[summary["mode"] == mode]
+def perplexity_table(summary: pd.DataFrame, protocol: str) -> tuple[list[str], list[list[str]]]:
+    mine = summary[summary["protocol"] == protocol]
     lengths = sorted(mine["length"].unique())
     header = ["variant"] + [f"L={n}" for n in lengths]
     body = []
@@ -144,7 +153,8 @@ def cost_table(rows: pd.DataFrame, config: dict[str, Any]) -> tuple[list[str], l
 
 
 def training_table(run_dir: Path, config: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    header = ["variant", "seeds", "params", "position params", "final val loss", "train time (s)", "tokens/s"]
+    header = ["variant", "seeds", "params", "position params", "position lr x", "precision", "final val loss",
+              "train time (s)", "tokens/s"]
     body = []
     for variant in config.get("variants", []):
         metas = [checkpoints.read_meta(results.checkpoint_dir(run_dir, variant, s)) for s in config.get("seeds", [0])]
@@ -153,7 +163,10 @@ def training_table(run_dir: Path, config: dict[str, Any]) -> tuple[list[str], li
             continue
         val = summarize([s["val_loss"] for s in done])
         val_text = f"{val.mean:.4f}" + (f" ±{val.half_width:.4f}" if val.n > 1 else "")
-        body.append([variant, str(len(done)), f"{done[0]['n_params']:,}", f"{done[0]['position_params']:,}", val_text,
+        scale = (f"{done[0]['position_lr_scale']:g} ({done[0].get('position_lr_source', '?')})"
+                 if "position_lr_scale" in done[0] else "-")
+        body.append([variant, str(len(done)), f"{done[0]['n_params']:,}", f"{done[0]['position_params']:,}", scale,
+                     str(done[0].get("precision", "-")), val_text,
                      f"{sum(s['train_seconds'] for s in done) / len(done):.1f}",
                      f"{sum(s['tokens_per_s'] for s in done) / len(done):,.0f}"])
     return header, body
@@ -229,9 +242,20 @@ def render(run_dir: Path, console: Console, plots: bool = True) -> dict[str, Pat
         rows = load_rows(run_dir)
         summary = aggregate(rows, config)
         ref = reference_length(rows, config)
-        for mode in summary["mode"].unique():
-            how = stride_note(rows[rows["mode"] == mode]) if mode == "sliding" else ""
-            sections.append((f"Perplexity, {mode}{how} (ratio to L={ref})", *perplexity_table(summary, mode)))
+        from relbench import overview
+
+        table = overview.overview(run_dir, summary, int(config["model"]["train_length"]))
+        if table is not None:
+            sections.append(("Overview: perplexity ratio, use of distant context, retrieval, attention reach", *table))
+        for protocol in summary["protocol"].unique():
+            sections.append((f"Perplexity, {protocol} (ratio to L={ref})", *perplexity_table(summary, protocol)))
+        for name, title, render_table in (
+                ("copy.csv", "Copy distance: loss with an earlier copy of the text / without it (1.00: not used)",
+                 overview.copy_table),
+                ("passkey.csv", "Passkey accuracy (mean over depths), and reach: the longest length at 90% or more",
+                 overview.passkey_table)):
+            if (run_dir / name).is_file():
+                sections.append((title, *render_table(results.read_csv(run_dir / name))))
         sections += [
             ("Cost per layer, batch 1: building the position terms / attention (ms)", *cost_table(rows, config)),
             ("Training", *training_table(run_dir, config)),

@@ -65,6 +65,36 @@ def test_chain_train_extrapolate_report(trained):
         assert f"plots/{name}.png" in report
 
 
+def test_copy_and_passkey_tasks_and_the_overview(trained, tmp_path):
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained, run_dir)
+    result = run("extrapolate", "--run-dir", run_dir, "--lengths", 32, 256, "--task", "perplexity", "copy", "passkey",
+                 "--trials", 2, "--seeds", 0)
+    assert result.exit_code == 0, result.output
+    copies = pd.read_csv(run_dir / "copy.csv")
+    assert sorted(copies["distance"].unique()) == [64, 128]                      # adjacent, and the farthest at 256
+    assert set(copies[copies["variant"] == "learned"]["status"]) == {"unsupported"}  # 192 and 256 > 32
+    ok = copies[copies["status"] == "ok"]
+    assert (ok["trials"] == 2).all() and ((ok["ratio_low"] <= ok["ratio"]) & (ok["ratio"] <= ok["ratio_high"])).all()
+    keys = pd.read_csv(run_dir / "passkey.csv")
+    assert len(keys) == 3 * 2 * 5                                                 # variants x lengths x depths
+    assert set(keys[keys["length"] == 32]["status"]) == {"unsupported"}           # shorter than one trial
+    assert set(keys[(keys["length"] == 256) & (keys["variant"] != "learned")]["status"]) == {"ok"}
+    reach = pd.read_csv(run_dir / "attention.csv")
+    assert sorted(reach[reach["seed"] == 0]["variant"]) == ["alibi", "learned", "xl"] and (reach["length"] == 32).all()
+    assert (reach["mean_distance"] > 0).all() and (reach["mean_distance"] < 32).all()
+    assert run("extrapolate", "--run-dir", run_dir, "--lengths", 32, 256, "--task", "copy", "passkey", "--trials", 2,
+               "--seeds", 0).output.count("passkey L=") == 0                       # nothing left to compute
+    result = run("report", "--run-dir", run_dir)
+    assert result.exit_code == 0, result.output
+    report = (run_dir / "report.md").read_text()
+    assert "## Overview" in report and "## Copy distance" in report and "## Passkey accuracy" in report
+    for name in ("passkey", "copy_distance"):
+        assert (run_dir / "plots" / f"{name}.png").stat().st_size > 1000
+
+
 def test_inspect_reports_bias_size_reach_and_gradients(trained):
     result = runner.invoke(app, ["inspect", str(trained), "--variants", "xl", "alibi", "learned"],
                            env={"COLUMNS": "200"})

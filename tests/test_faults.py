@@ -252,7 +252,8 @@ def test_out_of_memory_becomes_a_row_and_the_rest_continues(finished, monkeypatc
     monkeypatch.setattr(evaluate, "perplexity", perplexity)
     result = run("extrapolate", "--run-dir", finished, "--lengths", 32, 128, 256, "--force")
     assert result.exit_code == 0, result.output
-    rows = pd.read_csv(finished / "extrapolation.csv").set_index("length")
+    rows = pd.read_csv(finished / "extrapolation.csv")
+    rows = rows[rows["segment"] == 256].set_index("length")
     assert rows.loc[128, "status"] == "oom" and rows.loc[32, "status"] == "ok" and rows.loc[256, "status"] == "ok"
 
 
@@ -267,7 +268,8 @@ def test_a_length_that_cannot_fit_is_an_oom_row_before_it_runs(finished, monkeyp
     monkeypatch.setenv("RELBENCH_MEMORY", str((small + large) // 2))
     result = run("extrapolate", "--run-dir", finished, "--lengths", 32, 256, "--attention", "reference", "--force")
     assert result.exit_code == 0, result.output
-    rows = pd.read_csv(finished / "extrapolation.csv").set_index("length")
+    rows = pd.read_csv(finished / "extrapolation.csv")
+    rows = rows[rows["segment"] == 256].set_index("length")
     assert rows.loc[32, "status"] == "ok"
     assert rows.loc[256, "status"] == "oom" and rows.loc[256, "message"].startswith("skipped: reference attention")
 
@@ -278,9 +280,27 @@ def test_extrapolate_again_computes_only_what_is_missing(finished, monkeypatch):
     calls = []
     original = evaluate.perplexity
     monkeypatch.setattr(evaluate, "perplexity", lambda m, s, length, *a, **k: calls.append(length) or original(m, s, length, *a, **k))
+    result = run("extrapolate", "--run-dir", finished, "--lengths", 32, 64)
+    assert result.exit_code == 0, result.output
+    assert calls == [] and "already computed" in result.output
+    result = run("extrapolate", "--run-dir", finished, "--lengths", 32, 64, "--mode", "nonoverlap", "sliding")
+    assert result.exit_code == 0, result.output
+    assert calls == [32, 64]                                   # only the sliding rows were missing
+
+
+def test_a_new_protocol_adds_rows_and_keeps_the_old_ones(finished):
+    """Adding a longer length changes the scored text (segments of the longest length): every length is
+    measured again under the new protocol, and the rows of the old one stay, never mixed with it."""
+    before = pd.read_csv(finished / "extrapolation.csv")
     result = run("extrapolate", "--run-dir", finished, "--lengths", 32, 64, 128)
     assert result.exit_code == 0, result.output
-    assert calls == [128] and "already computed" in result.output
+    after = pd.read_csv(finished / "extrapolation.csv")
+    assert len(after) == len(before) + 3
+    assert sorted(after["segment"].unique()) == [64, 128] and after["protocol"].nunique() == 2
+    pd.testing.assert_frame_equal(after[after["segment"] == 64].reset_index(drop=True), before)
+    assert run("report", "--run-dir", finished).exit_code == 0
+    report = (finished / "report.md").read_text()
+    assert report.count("## Perplexity, nonoverlap") == 2
 
 
 def test_diverging_variant_stops_keeps_its_last_good_state_and_others_finish(tmp_path, monkeypatch):

@@ -5,7 +5,7 @@ import math
 import pandas as pd
 import pytest
 
-from relbench.report import aggregate, perplexity_table, stride_note
+from relbench.report import aggregate, perplexity_table
 
 CONFIG = {"model": {"train_length": 16}, "variants": ["a", "b", "c"]}
 
@@ -51,11 +51,3 @@ def test_statuses_other_than_ok_are_shown():
     header, body = perplexity_table(summary, "nonoverlap")
     assert header == ["variant", "L=16", "L=64"]
     assert dict((r[0], r[2]) for r in body) == {"a": "4.400 (x1.10)", "b": "unsupported"}
-
-
-def test_stride_note_names_the_requested_stride():
-    rows = pd.DataFrame({"window": [256, 512, 1024, 4096], "stride": [256, 512, 512, 512]})
-    assert stride_note(rows) == ", stride 512 (shorter windows are scored whole)"
-    assert stride_note(rows.iloc[2:]) == ", stride 512"
-    mixed = pd.DataFrame({"window": [1024, 4096], "stride": [128, 512]})
-    assert stride_note(mixed) == ", strides 128, 512"

@@ -1,0 +1,94 @@
+"""What every relbench command shares: the app, the console, option types and the checks of
+variants, devices and backends. Commands live in cli.py (train, tune-lr, extrapolate, report,
+bench) and cli_tools.py (variants, profile, inspect)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import torch
+import typer
+from rich.console import Console
+
+from relbench import positions
+from relbench.attention import BACKENDS, check
+from relbench.cli_group import Group
+from relbench.config import PRECISIONS, ModelConfig
+from relbench.errors import UsageError
+
+console = Console()
+
+app = typer.Typer(cls=Group, add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                  context_settings={"help_option_names": ["-h", "--help"]},
+                  help="Benchmark position encodings: train short, test long, measure the cost.")
+
+RunDir = Annotated[Path, typer.Option("--run-dir", help="Run directory shared by train, extrapolate and report.")]
+Device = Annotated[str, typer.Option(help="auto (CUDA when available, else CPU), cpu, cuda or cuda:N.")]
+Variants = Annotated[list[str] | None, typer.Option(
+    help='Variant specs, e.g. xl alibi "t5:bidirectional=true" (default: all). See `relbench variants`.')]
+Lengths = Annotated[list[int] | None, typer.Option(help="Evaluation lengths (default: 1x, 4x, 16x the training length).")]
+Attention = Annotated[str, typer.Option(help=f"Attention backend: {', '.join(BACKENDS)} (auto: the fastest exact "
+                                                 "path for the device and mode).")]
+Precision = Annotated[str, typer.Option(help=f"Training precision: {', '.join(PRECISIONS)} (bf16: autocast of "
+                                                 "matrix products, fp32 weights; auto: bf16 where the hardware "
+                                                 "has it natively, so results depend on the host). Default: fp32.")]
+PositionLR = Annotated[str | None, typer.Option(help="Learning-rate multiplier of the position parameters: a number "
+                                                "for every variant, or the position_lr.json of a `relbench tune-lr` "
+                                                "sweep (per variant). Default: the preset's tuned multipliers; a "
+                                                "variant's own option wins (xl:position_lr_scale=10).")]
+
+
+def _check_backend(backend: str, spec: str, model: ModelConfig, device: torch.device, training: bool) -> None:
+    enc = positions.build_spec(spec, n_heads=model.n_heads, head_dim=model.head_dim, d_model=model.d_model,
+                               train_length=model.train_length)
+    try:
+        check(backend, enc, device, training)
+    except UsageError as error:
+        raise UsageError(f"{spec}: {error}") from None
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UsageError(f'unknown device "{name}"; use auto, cpu, cuda or cuda:N') from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError("CUDA is not available on this machine; use --device cpu")
+    if device.type not in ("cpu", "cuda"):
+        raise UsageError(f'device "{name}" is not supported; use auto, cpu, cuda or cuda:N')
+    return device
+
+
+def all_variants(variants: list[str] | None) -> list[str]:
+    specs = variants or positions.names()
+    for spec in specs:
+        positions.parse_spec(spec)  # unknown names and options fail here, before any work
+    if len(set(specs)) != len(specs):
+        raise UsageError(f"variant {next(s for s in specs if specs.count(s) > 1)} is given twice")
+    return specs
+
+
+def unique(what: str, values: list) -> list:
+    if len(set(values)) != len(values):
+        raise UsageError(f"{what} {next(v for v in values if values.count(v) > 1)} is given twice; give each once")
+    return list(values)
+
+
+def position_lr_overrides(value: str | None) -> dict[str, Any]:
+    """--position-lr-scale: a number (every variant) or a tune-lr position_lr.json (per variant)."""
+    if value is None:
+        return {}
+    try:
+        scale = float(value)
+    except ValueError:
+        from relbench.tune import read_choice
+
+        return {"position_lr_scales": read_choice(Path(value))}
+    if not (scale > 0 and scale < float("inf")):
+        raise UsageError(f"--position-lr-scale must be a positive number or a position_lr.json, got {value}")
+    return {"position_lr_scale": scale}
+
+

@@ -1,0 +1,87 @@
+"""Passkey retrieval (Mohtashami and Jaggi 2023, "Landmark Attention"): a random 5-digit key stated
+once inside filler text, asked for at the end. The model answers by greedy decoding; a trial counts
+when all five digits are right.
+
+    ... filler ... The pass key is 71432. Remember it. 71432 is the pass key. ... filler ...
+    What is the pass key? The pass key is 71432
+
+The statement sits at a chosen depth of the window (0: at its start, 1: right before the
+question). Filler is real text from the split being used (the test split for evaluation, the train
+split for the retrieval preset's training), so the model reads the kind of text it was trained on.
+Greedy decoding of the digits is exact match of the teacher-forced argmax at the five answer
+positions (a wrong digit is where greedy decoding would first leave the key), so one forward pass
+scores a trial.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from relbench.errors import UsageError
+
+STATEMENT = "The pass key is {key}. Remember it. {key} is the pass key. "
+QUESTION = " What is the pass key? The pass key is "
+DIGITS = 5
+
+
+@dataclass(frozen=True)
+class Trial:
+    key: str            # DIGITS digits
+    depth: float        # where the statement starts, as a fraction of the filler (0 .. 1)
+    filler_start: int   # offset of the filler in the token stream
+
+
+def encode(text: str, tokenizer) -> np.ndarray:
+    return np.asarray(tokenizer.encode(text), dtype=np.int64)
+
+
+def sequence(stream: np.ndarray, trial: Trial, length: int, tokenizer) -> tuple[np.ndarray, slice]:
+    """(length + 1,) tokens: inputs are the first `length`, targets the last `length`; and the slice
+    of target positions that hold the answer's digits."""
+    statement = encode(STATEMENT.format(key=trial.key), tokenizer)
+    question = encode(QUESTION, tokenizer)
+    answer = encode(trial.key, tokenizer)
+    room = length + 1 - len(statement) - len(question) - len(answer)
+    if room < 0:
+        raise UsageError(f"passkey needs windows of at least {length - room} tokens, got {length}")
+    filler = stream[trial.filler_start: trial.filler_start + room].astype(np.int64)
+    at = int(round(trial.depth * room))
+    tokens = np.concatenate([filler[:at], statement, filler[at:], question, answer])
+    return tokens, slice(length - len(answer), length)
+
+
+def min_length(tokenizer) -> int:
+    return sum(len(encode(t, tokenizer)) for t in (STATEMENT.format(key="0" * DIGITS), QUESTION, "0" * DIGITS))
+
+
+def trials(stream_size: int, length: int, depths: list[float], per_depth: int, seed: int = 0) -> list[Trial]:
+    """A fixed, seeded set of trials: for each depth, `per_depth` keys and filler offsets spread over
+    the stream (the same for every variant, as they depend on nothing else)."""
+    generator = np.random.default_rng(seed)
+    last = max(0, stream_size - length - 1)
+    out = []
+    for depth in depths:
+        starts = np.linspace(0, last, per_depth + 2)[1:-1] if per_depth > 1 else [last / 2]
+        for start in starts:
+            key = "".join(str(d) for d in generator.integers(0, 10, DIGITS))
+            out.append(Trial(key, float(depth), int(start)))
+    return out
+
+
+@torch.no_grad()
+def accuracy(model, stream: np.ndarray, trial_list: list[Trial], length: int, tokenizer, device,
+             max_batch_tokens: int = 16384) -> list[bool]:
+    """Whether the model's greedy answer equals the key, per trial."""
+    model.eval()
+    out = []
+    per_batch = max(1, max_batch_tokens // length)
+    for b in range(0, len(trial_list), per_batch):
+        batch = [sequence(stream, t, length, tokenizer) for t in trial_list[b: b + per_batch]]
+        tokens = torch.from_numpy(np.stack([tokens for tokens, _ in batch])).to(device)       # (B, length + 1)
+        answer = batch[0][1]
+        logits = model(tokens[:, :-1])[:, answer]                                         # (B, DIGITS, V)
+        out += (logits.argmax(-1) == tokens[:, 1:][:, answer]).all(-1).tolist()
+    return out
