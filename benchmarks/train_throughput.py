@@ -26,7 +26,8 @@ from relbench import positions
 from relbench.config import resolve
 from relbench.data import load_splits
 from relbench.model import GPT
-from relbench.train import batch_at, make_optimizer
+from relbench.batches import lm_batch as batch_at
+from relbench.train import make_optimizer
 
 
 def tokens_per_second(spec: str, precision: str, backend: str, preset: str, steps: int, warmup: int,

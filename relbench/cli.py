@@ -150,7 +150,7 @@ def tune_lr_command(
 def _extrapolate(run_dir: Path, lengths: list[int] | None, variants: list[str] | None, attention: str,
                  eval_tokens: int | None, device: str, seeds: list[int] | None = None,
                  modes: list[str] | None = None, stride: int | None = None, force: bool = False,
-                 tasks: list[str] | None = None, trials: int = 20) -> None:
+                 tasks: list[str] | None = None, trials: int | None = None) -> None:
     from relbench.data import load_splits
     from relbench.evaluate import MODES, longest_length, scored_text, validate_lengths
     from relbench.extrapolate import extrapolate_run
@@ -162,10 +162,12 @@ def _extrapolate(run_dir: Path, lengths: list[int] | None, variants: list[str] |
     for mode in modes:
         if mode not in MODES:
             raise unknown("evaluation mode", mode, list(MODES))
-    tasks = unique("task", tasks or ["perplexity"])
+    eval_config = EvalConfig(**{**config.get("eval", {}), **({"eval_tokens": eval_tokens} if eval_tokens else {})})
+    tasks = unique("task", tasks or eval_config.tasks)
     for task in tasks:
         if task not in TASKS:
             raise unknown("task", task, list(TASKS))
+    trials = eval_config.trials if trials is None else trials
     if trials < 1:
         raise UsageError(f"--trials must be positive, got {trials}")
     target = resolve_device(device)
@@ -191,12 +193,11 @@ def _extrapolate(run_dir: Path, lengths: list[int] | None, variants: list[str] |
     for spec in dict.fromkeys(s for s, _ in trained):
         _check_backend(attention, spec, model_config, target, training=False)
     splits = load_splits(None if config["dataset"] == "sotu" else config["dataset"])
-    lengths = validate_lengths(list(lengths) if lengths else [train_length, 4 * train_length, 16 * train_length],
+    lengths = validate_lengths(list(lengths) if lengths else [m * train_length for m in eval_config.length_multiples],
                                longest_length(splits.test.size))
     stride = stride if stride is not None else max(1, train_length // 2)
     if stride < 1:
         raise UsageError(f"--stride must be positive, got {stride}")
-    eval_config = EvalConfig(**{**config.get("eval", {}), **({"eval_tokens": eval_tokens} if eval_tokens else {})})
     text = scored_text(splits.test, lengths, eval_config.eval_tokens)
     console.print(f"evaluating {len(trained)} checkpoint(s) at lengths {', '.join(map(str, lengths))}: "
                   f"{', '.join(tasks)}; perplexity {' and '.join(modes)}{f' (stride {stride})' if 'sliding' in modes else ''} "
@@ -211,13 +212,15 @@ def extrapolate_command(
     lengths: Lengths = None,
     variants: Variants = None,
     run_dir: RunDir = results.DEFAULT_RUN_DIR,
-    task: Annotated[list[str] | None, typer.Option(help="perplexity, copy, passkey, or several (default: "
-                                                   "perplexity).")] = None,
+    task: Annotated[list[str] | None, typer.Option(help="perplexity, copy, passkey, or several (default: the "
+                                                   "preset's: perplexity and copy for the language-model presets, "
+                                                   "passkey for retrieval).")] = None,
     mode: Annotated[list[str] | None, typer.Option(help="nonoverlap, sliding, or both (default: nonoverlap).")] = None,
     stride: Annotated[int | None, typer.Option(help="Sliding mode: tokens scored per window; each scored token "
                                                 "sees at least length - stride of context (default: half the "
                                                 "training length).")] = None,
-    trials: Annotated[int, typer.Option(help="copy: trials per distance; passkey: trials per length and depth.")] = 20,
+    trials: Annotated[int | None, typer.Option(help="copy: trials per distance; passkey: trials per length and "
+                                                 "depth (default: the preset's).")] = None,
     seeds: Annotated[list[int] | None, typer.Option(help="Seeds to evaluate (default: every trained seed).")] = None,
     attention: Attention = "auto",
     eval_tokens: Annotated[int | None, typer.Option(help="Scored test tokens per length (default: the preset's).")] = None,

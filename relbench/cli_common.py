@@ -27,7 +27,8 @@ RunDir = Annotated[Path, typer.Option("--run-dir", help="Run directory shared by
 Device = Annotated[str, typer.Option(help="auto (CUDA when available, else CPU), cpu, cuda or cuda:N.")]
 Variants = Annotated[list[str] | None, typer.Option(
     help='Variant specs, e.g. xl alibi "t5:bidirectional=true" (default: all). See `relbench variants`.')]
-Lengths = Annotated[list[int] | None, typer.Option(help="Evaluation lengths (default: 1x, 4x, 16x the training length).")]
+Lengths = Annotated[list[int] | None, typer.Option(help="Evaluation lengths (default: the preset's multiples of the "
+                                                       "training length: 1x, 4x, 16x; retrieval also 64x).")]
 Attention = Annotated[str, typer.Option(help=f"Attention backend: {', '.join(BACKENDS)} (auto: the fastest exact "
                                                  "path for the device and mode).")]
 Precision = Annotated[str, typer.Option(help=f"Training precision: {', '.join(PRECISIONS)} (bf16: autocast of "

@@ -77,6 +77,10 @@ class TrainConfig:
     attention: str = "auto"         # attention backend for training (relbench.attention.BACKENDS)
     precision: str = "fp32"         # "fp32", "bf16" (autocast of matrix products), or "auto": bf16 where
                                     # the hardware has native bf16, else fp32 (see resolve_precision)
+    task: str = "lm"                # what the sequences are: "lm" (text windows) or "passkey" (relbench/batches.py)
+    answer_weight: float = 1.0      # passkey: loss weight of the answer's digits
+    text_weight: float = 1.0        # passkey: loss weight of every other prediction (0: answers only)
+    depth_curriculum: int = 0       # passkey: over this many steps the key moves from near the question to anywhere
     eval_every: int = 100           # validation loss every this many steps (and at the end)
     checkpoint_every: int = 100     # resumable checkpoint every this many steps (and on Ctrl-C / SIGTERM)
     eval_batches: int = 4           # validation batches (fixed, the same for every variant)
@@ -93,12 +97,29 @@ class TrainConfig:
             raise UsageError(f"position learning-rate multipliers must be positive numbers, got {scales}")
         if self.precision not in PRECISIONS:
             raise unknown("precision", self.precision, list(PRECISIONS))
+        if self.task not in ("lm", "passkey"):
+            raise unknown("training task", self.task, ["lm", "passkey"])
+        if min(self.answer_weight, self.text_weight) < 0 or self.answer_weight + self.text_weight <= 0 \
+                or self.depth_curriculum < 0:
+            raise UsageError("answer_weight and text_weight must be >= 0 (not both 0), depth_curriculum >= 0")
 
 
 @dataclass
 class EvalConfig:
     eval_tokens: int = 65536        # scored test tokens, the same at every length
     max_batch_tokens: int = 16384   # windows per forward pass = max(1, this // length)
+    tasks: list[str] = field(default_factory=lambda: ["perplexity"])  # what `extrapolate` measures by default
+    length_multiples: list[int] = field(default_factory=lambda: [1, 4, 16])  # default lengths, x train length
+    trials: int = 20                # copy: trials per distance; passkey: per length and depth
+
+    def __post_init__(self) -> None:
+        from relbench.tasks import TASKS
+
+        for task in self.tasks:
+            if task not in TASKS:
+                raise unknown("task", task, list(TASKS))
+        if min([self.eval_tokens, self.max_batch_tokens, self.trials, *self.length_multiples]) < 1:
+            raise UsageError("eval_tokens, max_batch_tokens, trials and length multiples must be positive")
 
 
 # Each preset is complete; `quick` is what `relbench bench` runs.
@@ -111,12 +132,19 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "quick": {  # the default: all 16 variants trained and extrapolated to 16x within 15 min on 2 cores
         "model": dict(d_model=128, n_layers=4, n_heads=4, train_length=256),
         "train": dict(steps=400, batch_size=8, lr=3e-3, warmup_steps=50, eval_every=100, eval_batches=8),
-        "eval": dict(eval_tokens=32768, max_batch_tokens=16384),
+        "eval": dict(eval_tokens=32768, max_batch_tokens=16384, tasks=["perplexity", "copy"], trials=8),
     },
     "standard": {  # deeper, trained 3x longer, evaluated on 4x the tokens: about an hour on 2 cores
         "model": dict(d_model=128, n_layers=6, n_heads=4, train_length=256),
         "train": dict(steps=1800, batch_size=8, lr=3e-3, warmup_steps=100, eval_every=200, eval_batches=8),
-        "eval": dict(eval_tokens=131072, max_batch_tokens=16384),
+        "eval": dict(eval_tokens=131072, max_batch_tokens=16384, tasks=["perplexity", "copy"], trials=16),
+    },
+    "retrieval": {  # models that learn passkey retrieval at their training length, to test it at 4x-64x
+        "model": dict(d_model=128, n_layers=2, n_heads=4, train_length=128),
+        "train": dict(steps=1200, batch_size=32, lr=3e-3, warmup_steps=50, eval_every=100, eval_batches=4,
+                      task="passkey", answer_weight=10.0, text_weight=1.0, depth_curriculum=500),
+        "eval": dict(eval_tokens=32768, max_batch_tokens=16384, tasks=["passkey", "copy"], trials=10,
+                     length_multiples=[1, 4, 16, 64]),
     },
 }
 DEFAULT_PRESET = "quick"

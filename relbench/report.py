@@ -116,7 +116,7 @@ def _cell(r) -> str:
     elif not math.isnan(getattr(r, "ppl_low", math.nan)):
         text += f" [{r.ppl_low:.3f}, {r.ppl_high:.3f}]"
     if not math.isnan(r.ratio_mean):
-        text += f" (x{r.ratio_mean:.2f})"
+        text += f" (x{r.ratio_mean:.2f}" + (f" ±{r.ratio_ci95:.2f})" if r.n_seeds > 1 else ")")
     if r.unresolved_vs_best is True:
         text += " ~"
     return text
@@ -284,8 +284,12 @@ def markdown(config: dict[str, Any], rows: pd.DataFrame | None, summary: pd.Data
         lines += ["", *describe_run(config, rows)]
         if summary is not None and summary["n_seeds"].max() > 1:
             lines += ["", "Cells: mean perplexity over seeds ± half-width of its 95% interval (Student's t), "
-                          "(x ratio to the training length, averaged over seeds); ~ marks a variant whose paired "
-                          "difference to the best at that length the seeds cannot resolve (95% interval contains 0)."]
+                          "(x ratio to the training length, computed per seed then averaged, ± its 95% interval); ~ "
+                          "marks a variant whose paired difference to the best at that length the seeds cannot "
+                          "resolve (95% interval contains 0)."]
+        else:
+            lines += ["", "Cells: perplexity [95% bootstrap interval over the scored windows] (x ratio to the "
+                          "training length)."]
     for title, header, body in sections:
         lines += ["", f"## {title}", "", markdown_table(header, body)]
     if figures:
@@ -307,7 +311,8 @@ def describe_run(config: dict[str, Any], rows: pd.DataFrame) -> list[str]:
         f"{model['n_heads']} heads, trained at length {model['train_length']} for {train['steps']} steps "
         f"of {train['batch_size']} sequences ({train.get('precision', 'fp32')}), seeds {', '.join(map(str, seeds))}, "
         f"on {config.get('dataset_description', config.get('dataset'))}.",
-        f"Scored test tokens per length and mode: {int(rows['n_tokens'].max()):,}.",
+        "Each perplexity table names its protocol: the mode, and the scored tokens (the same at every length) "
+        "in segments spread over the whole test split.",
         f"Machine: {env.get('platform', '?')}, {env.get('cpu_threads', '?')} threads, device {env.get('device', '?')}; "
         f"torch {env.get('torch', '?')}; relbench {env.get('relbench', '?')} at commit {env.get('git_commit') or 'unknown'}; "
         f"{env.get('date', '')}.",

@@ -1,8 +1,8 @@
 """Training: one small causal LM per variant, same seed, same data order, same batches.
 
 Batches are drawn from a generator seeded by (seed, step), independent of the model, so every
-variant sees exactly the same token windows in the same order. Validation uses fixed windows
-spread evenly over the validation split.
+variant sees exactly the same sequences in the same order (relbench/batches.py: text windows, or
+passkey trials for the retrieval preset). Validation uses fixed sequences from the validation split.
 """
 
 from __future__ import annotations
@@ -22,33 +22,13 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from relbench import checkpoints, positions, results
+from relbench.batches import training_batch, validation_batches
 from relbench.config import ModelConfig, TrainConfig, to_dict
 from relbench.data import Splits
 from relbench.errors import RelbenchError
 from relbench.memory import is_out_of_memory
 from relbench.inspect import attention_logit_max
 from relbench.model import GPT
-
-
-def batch_at(tokens: torch.Tensor, step: int, seed: int, batch_size: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inputs and targets (B, L) of training step `step`: random windows of length L + 1, drawn
-    from a generator seeded by (seed, step) so any step's batch can be recomputed."""
-    generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
-    starts = torch.randint(0, tokens.numel() - length, (batch_size,), generator=generator)  # (B,), last: numel-L-1
-    window = tokens[starts[:, None] + torch.arange(length + 1)].long()                         # (B, L + 1)
-    return window[:, :-1], window[:, 1:]
-
-
-def validation_windows(tokens: torch.Tensor, n_batches: int, batch_size: int, length: int) -> list[torch.Tensor]:
-    """Fixed (B, L + 1) windows spread evenly over the validation split."""
-    count = n_batches * batch_size
-    last = tokens.numel() - length - 1
-    if last < 0:
-        raise RelbenchError(f"the validation split ({tokens.numel()} tokens) is shorter than one training "
-                            f"window ({length + 1}); use a shorter --train-length or a larger dataset")
-    starts = torch.linspace(0, last, count).long()
-    windows = tokens[starts[:, None] + torch.arange(length + 1)].long()
-    return list(windows.split(batch_size))
 
 
 def lr_at(step: int, config: TrainConfig) -> float:
@@ -96,15 +76,28 @@ def optimizer_step(model: GPT, optimizer: torch.optim.Optimizer) -> None:
     model.project_parameters()
 
 
+def weighted_loss(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor | None,
+                  reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy of logits (B, L, V) against targets (B, L): the mean, or with (B, L) weights the
+    weighted mean (reduction "sum": the weighted sum)."""
+    nll = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none")
+    if weights is not None:
+        nll = nll * weights.flatten().to(nll.device)
+    total = nll.sum()
+    if reduction == "sum":
+        return total
+    return total / (nll.numel() if weights is None else weights.sum().to(nll.device))
+
+
 @torch.no_grad()
-def validation_loss(model: GPT, windows: list[torch.Tensor], device: torch.device) -> float:
+def validation_loss(model: GPT, batches: list[tuple[torch.Tensor, torch.Tensor | None]], device: torch.device) -> float:
+    """The (weighted) mean loss over fixed validation batches."""
     model.eval()
-    total, count = 0.0, 0
-    for window in windows:
+    total, count = 0.0, 0.0
+    for window, weights in batches:
         window = window.to(device)
-        logits = model(window[:, :-1])
-        total += float(F.cross_entropy(logits.float().flatten(0, 1), window[:, 1:].flatten(), reduction="sum"))
-        count += window[:, 1:].numel()
+        total += float(weighted_loss(model(window[:, :-1]), window[:, 1:], weights, reduction="sum"))
+        count += float(window[:, 1:].numel() if weights is None else weights.sum())
     model.train()
     return total / count
 
@@ -177,8 +170,8 @@ def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, spl
         optimizer.load_state_dict(resume["optimizer"])
         state = resume["state"]
     train_tokens = torch.from_numpy(splits.train)
-    val_windows = validation_windows(torch.from_numpy(splits.validation), config.eval_batches,
-                                     config.batch_size, model_config.train_length)
+    val_batches = validation_batches(torch.from_numpy(splits.validation), config, model_config.train_length,
+                                     splits.tokenizer)
     tokens_per_step = config.batch_size * model_config.train_length
     log_every = max(1, config.steps // 50)
     task = progress.add_task(spec, total=config.steps, completed=state["step"], loss="-", val="-", speed="-") \
@@ -190,11 +183,11 @@ def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, spl
         lr = lr_at(step, config)
         for group in optimizer.param_groups:
             group["lr"] = lr * group["lr_scale"]
-        x, y = batch_at(train_tokens, step, config.seed, config.batch_size, model_config.train_length)
+        x, y, weights = training_batch(train_tokens, step, config, model_config.train_length, splits.tokenizer)
         x, y = x.to(device), y.to(device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.precision == "bf16"):
             logits = model(x)                                                  # (B, L, V)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+        loss = weighted_loss(logits, y, weights)
         if not torch.isfinite(loss):
             raise Diverged(step, loss.item())
         optimizer.zero_grad(set_to_none=True)
@@ -209,7 +202,7 @@ def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, spl
         state["running"] += loss.item()
         state["running_n"] += 1
         if done % config.eval_every == 0 or last:
-            state["val"] = validation_loss(model, val_windows, device)
+            state["val"] = validation_loss(model, val_batches, device)
         if done % log_every == 0 or done % config.eval_every == 0 or last:
             max_logit = attention_logit_max(model, x[:1])
             state["max_logit"] = max(state["max_logit"], max_logit)
