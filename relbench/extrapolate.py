@@ -235,7 +235,7 @@ def extrapolate_run(run_dir: Path, pairs: list[tuple[str, int]], lengths: list[i
             results.write_csv(paths[POSITIONS_CSV], bins)
             results.write_csv(paths[results.EXTRAPOLATION_CSV], table)
         train_length = base["train_length"] or loaded().config.train_length
-        if "perplexity" in tasks and (force or not _done(reach, {**base, "length": train_length}, ATTENTION_KEY)):
+        if force or not _done(reach, {**base, "length": train_length}, ATTENTION_KEY):
             reach = results.upsert(reach, attention_row(loaded(), base, text), ATTENTION_KEY)
             results.write_csv(run_dir / ATTENTION_CSV, reach)
         if "copy" in tasks:

@@ -97,12 +97,17 @@ def overview(run_dir: Path, summary: pd.DataFrame | None, train_length: int) -> 
     mode, the copy ratio inside the training length and at the farthest distance, passkey reach,
     mean attention distance at the training length, and the hard-window flag."""
     copies, keys, reach = (_read(run_dir, name) for name in ("copy.csv", "passkey.csv", "attention.csv"))
-    if summary is None or summary.empty:
+    frames = [f for f in (summary, copies, keys) if f is not None and not f.empty]
+    if not frames:
         return None
+    variants = list(dict.fromkeys(v for f in frames for v in f["variant"]))
+    if summary is None or summary.empty:
+        summary = pd.DataFrame(columns=["variant", "length", "protocol", "status", "ppl_mean"])
     ok = summary[summary["status"] == "ok"]
-    longest = int(summary["length"].max())
+    longest = int(summary["length"].max()) if len(summary) else 0
     protocols = list(summary["protocol"].unique())
-    header = ["variant", f"ppl at {train_length}"] + [f"x at {longest}, {p.split(',')[0]}" for p in protocols]
+    header = ["variant"] + ([f"ppl at {train_length}"] if protocols else [])
+    header += [f"x at {longest}, {p.split(',')[0]}" for p in protocols]
     near = far = None
     if not copies.empty:
         inside = [d for d in copies["distance"].unique() if d <= train_length]
@@ -114,10 +119,11 @@ def overview(run_dir: Path, summary: pd.DataFrame | None, train_length: int) -> 
     if not reach.empty:
         header += [f"mean attention distance at {train_length}", "hard window"]
     body = []
-    for variant in dict.fromkeys(summary["variant"]):
+    for variant in variants:
         row = [variant]
-        base = ok[(ok["variant"] == variant) & (ok["length"] == train_length)]
-        row.append(f"{base['ppl_mean'].iloc[0]:.3f}" if len(base) else "-")
+        if protocols:
+            base = ok[(ok["variant"] == variant) & (ok["length"] == train_length)]
+            row.append(f"{base['ppl_mean'].iloc[0]:.3f}" if len(base) else "-")
         for protocol in protocols:
             cell = summary[(summary["variant"] == variant) & (summary["length"] == longest)
                            & (summary["protocol"] == protocol)]

@@ -164,7 +164,7 @@ def training_table(run_dir: Path, config: dict[str, Any]) -> tuple[list[str], li
         val = summarize([s["val_loss"] for s in done])
         val_text = f"{val.mean:.4f}" + (f" ±{val.half_width:.4f}" if val.n > 1 else "")
         scale = (f"{done[0]['position_lr_scale']:g} ({done[0].get('position_lr_source', '?')})"
-                 if "position_lr_scale" in done[0] else "-")
+                 if "position_lr_scale" in done[0] and done[0]["position_params"] else "-")
         body.append([variant, str(len(done)), f"{done[0]['n_params']:,}", f"{done[0]['position_params']:,}", scale,
                      str(done[0].get("precision", "-")), val_text,
                      f"{sum(s['train_seconds'] for s in done) / len(done):.1f}",
@@ -222,44 +222,46 @@ def markdown_table(header: list[str], body: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+TASK_TABLES = (("copy.csv", "Copy distance: loss with an earlier copy of the text / without it (1.00: not used)"),
+               ("passkey.csv", "Passkey accuracy (mean over depths), and reach: the longest length at 90% or more"))
+
+
 def render(run_dir: Path, console: Console, plots: bool = True) -> dict[str, Path]:
     """Print the tables; write report.md, the pivoted CSV and the plots (PNG)."""
+    from relbench import overview
     from relbench.profile import PROFILE_CSV
 
     run_dir = Path(run_dir)
     has_rows = (run_dir / results.EXTRAPOLATION_CSV).is_file()
     has_profile = (run_dir / PROFILE_CSV).is_file()
-    if not has_rows and not has_profile:
+    tasks = [(name, title) for name, title in TASK_TABLES if (run_dir / name).is_file()]
+    if not has_rows and not has_profile and not tasks:
         results.require_run(run_dir)  # a missing directory, or one that is not a run, says so
         raise RelbenchError(f"{run_dir} has nothing to report yet; run `relbench extrapolate --run-dir {run_dir}` "
                             f"or `relbench profile --run-dir {run_dir}` first")
     written: dict[str, Path] = {}
     sections = []
-    config: dict[str, Any] = {}
+    config: dict[str, Any] = results.require_run(run_dir) if has_rows or tasks else {}
     rows = summary = None
     if has_rows:
-        config = results.require_run(run_dir)
         rows = load_rows(run_dir)
         summary = aggregate(rows, config)
-        ref = reference_length(rows, config)
-        from relbench import overview
-
+    if config:
         table = overview.overview(run_dir, summary, int(config["model"]["train_length"]))
         if table is not None:
             sections.append(("Overview: perplexity ratio, use of distant context, retrieval, attention reach", *table))
+    if summary is not None:
+        ref = reference_length(rows, config)
         for protocol in summary["protocol"].unique():
             sections.append((f"Perplexity, {protocol} (ratio to L={ref})", *perplexity_table(summary, protocol)))
-        for name, title, render_table in (
-                ("copy.csv", "Copy distance: loss with an earlier copy of the text / without it (1.00: not used)",
-                 overview.copy_table),
-                ("passkey.csv", "Passkey accuracy (mean over depths), and reach: the longest length at 90% or more",
-                 overview.passkey_table)):
-            if (run_dir / name).is_file():
-                sections.append((title, *render_table(results.read_csv(run_dir / name))))
-        sections += [
-            ("Cost per layer, batch 1: building the position terms / attention (ms)", *cost_table(rows, config)),
-            ("Training", *training_table(run_dir, config)),
-        ]
+    for name, title in tasks:
+        render_table = overview.copy_table if name == "copy.csv" else overview.passkey_table
+        sections.append((title, *render_table(results.read_csv(run_dir / name))))
+    if has_rows:
+        sections.append(("Cost per layer, batch 1: building the position terms / attention (ms)", *cost_table(rows, config)))
+    if config:
+        sections.append(("Training", *training_table(run_dir, config)))
+    if summary is not None:
         written["pivot"] = run_dir / PIVOT_CSV
         results.write_csv(written["pivot"], pivot(summary))
     if has_profile:
@@ -280,8 +282,9 @@ def render(run_dir: Path, console: Console, plots: bool = True) -> dict[str, Pat
 def markdown(config: dict[str, Any], rows: pd.DataFrame | None, summary: pd.DataFrame | None, sections,
              figures: dict[str, Path], run_dir: Path) -> str:
     lines = ["# relbench report"]
+    if config:
+        lines += ["", *describe_run(config)]
     if rows is not None:
-        lines += ["", *describe_run(config, rows)]
         if summary is not None and summary["n_seeds"].max() > 1:
             lines += ["", "Cells: mean perplexity over seeds ± half-width of its 95% interval (Student's t), "
                           "(x ratio to the training length, computed per seed then averaged, ± its 95% interval); ~ "
@@ -302,7 +305,7 @@ def markdown(config: dict[str, Any], rows: pd.DataFrame | None, summary: pd.Data
     return "\n".join(lines) + "\n"
 
 
-def describe_run(config: dict[str, Any], rows: pd.DataFrame) -> list[str]:
+def describe_run(config: dict[str, Any]) -> list[str]:
     env = config.get("environment", {})
     model, train = config["model"], config["train"]
     seeds = config.get("seeds", [train.get("seed", 0)])
