@@ -117,3 +117,21 @@ def test_sinusoidal_positions_have_the_original_transformers_ratio_to_tokens():
     tokens_rms = model.tok.weight.pow(2).mean().sqrt()
     assert float(positions_rms / tokens_rms) == pytest.approx(1 / math.sqrt(2), rel=0.05)
     assert float(tokens_rms) == pytest.approx(INIT_STD, rel=0.05)
+
+
+def test_window_diagnostics_hand_computed():
+    """Uniform attention (no position term, zero content logits) has mean distance (L - 1) / 4; ALiBi
+    with 4 heads hides every key 30 nats down in head 0 (slope 1/4: distances >= 120) of every layer."""
+    from relbench.inspect import window_diagnostics
+
+    tokens = torch.randint(0, 256, (2, 256))
+    flat = gpt("none", n_layers=2, d_model=32, n_heads=4)
+    with torch.no_grad():
+        for block in flat.blocks:
+            block.attn.qkv.weight[:64].zero_()                      # q and k rows: every content logit 0
+    stats = window_diagnostics(flat, tokens)
+    assert stats["mean_distance"] == pytest.approx(255 / 4, rel=1e-5)
+    assert stats["max_logit"] == 0 and stats["hard_heads"] == 0 and math.isnan(stats["hard_window"])
+    alibi = window_diagnostics(gpt("alibi", n_layers=2, d_model=32, n_heads=4), tokens)
+    assert alibi["heads"] == 8 and alibi["hard_heads"] == 2 and alibi["hard_window"] == 120
+    assert alibi["mean_distance"] < 255 / 4
