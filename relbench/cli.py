@@ -38,7 +38,7 @@ def _check_training_memory(specs: list[str], model: ModelConfig, train: TrainCon
 def _train(run_dir: Path, variants: list[str] | None, preset: str, dataset: str | None, seeds: list[int] | None,
            steps: int | None, train_length: int | None, batch_size: int | None, lr: float | None,
            device: str, force: bool, attention: str = "auto", precision: str | None = None,
-           position_lr_scale: str | None = None) -> dict[str, Any]:
+           position_lr_scale: str | None = None, untuned: bool = False) -> dict[str, Any]:
     from relbench.data import load_splits
     from relbench.train import train_run
 
@@ -46,7 +46,7 @@ def _train(run_dir: Path, variants: list[str] | None, preset: str, dataset: str 
     model_config, train_config, eval_config = resolve(
         preset, model={"train_length": train_length},
         train={"steps": steps, "batch_size": batch_size, "lr": lr, "attention": attention, "precision": precision,
-               **position_lr_overrides(position_lr_scale)})
+               **position_lr_overrides(position_lr_scale), **({"position_lr_scales": {}} if untuned else {})})
     seeds = unique("seed", seeds or [0])
     target = resolve_device(device)
     train_config.precision = resolve_precision(train_config.precision, target)
@@ -111,7 +111,7 @@ def train_command(
 @app.command("tune-lr")
 def tune_lr_command(
     variants: Variants = None,
-    grid: Annotated[list[float] | None, typer.Option(help="Multipliers to try (default: 1 3 10 30).")] = None,
+    grid: Annotated[list[float] | None, typer.Option(help="Multipliers to try (default: 1 3 10 30 100).")] = None,
     preset: Annotated[str, typer.Option(help=f"Named preset: {', '.join(PRESETS)}.")] = DEFAULT_PRESET,
     dataset: Annotated[str | None, typer.Option(help="As for `relbench train` (default: the embedded corpus).")] = None,
     run_dir: Annotated[Path, typer.Option("--run-dir", help="Run directory of the sweep.")] = Path("runs") / "lr-sweep",
@@ -138,7 +138,8 @@ def tune_lr_command(
     seeds = unique("seed", seeds or [0])
     grid_specs = [tune.grid_spec(spec, scale) for spec in specs for scale in grid]
     with results.RunLock(run_dir):
-        config = _train(run_dir, grid_specs, preset, dataset, seeds, steps, None, None, None, device, False)
+        config = _train(run_dir, grid_specs, preset, dataset, seeds, steps, None, None, None, device, False,
+                        untuned=True)  # every grid spec sets its own multiplier; the preset's table plays no part
         frame = tune.collect(run_dir, specs, grid, seeds)
         chosen = tune.write(run_dir, frame, config)
     console.print(report.rich_table("Validation loss at the training length per position learning-rate multiplier "

@@ -6,6 +6,7 @@ configuration is written to the run directory's config.json, so a run can be rep
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
@@ -122,6 +123,14 @@ class EvalConfig:
             raise UsageError("eval_tokens, max_batch_tokens, trials and length multiples must be positive")
 
 
+# Each variant's position learning-rate multiplier: the one with the lowest validation loss at the
+# training length on the quick preset in `relbench tune-lr` over 1, 3, 10, 30, 100 (fp32, seed 0;
+# results/lr-sweep, where the whole sensitivity table is). The tables (xl, t5, t5-log2) and
+# kerple-log were still improving at 100, the top of the grid. Variants without position
+# parameters are not listed (nothing to scale). Rerun `relbench tune-lr` for another setup.
+TUNED_POSITION_LR = {"dynamic": 30.0, "fire": 30.0, "kerple-log": 100.0, "kerple-power": 30.0, "learned": 3.0,
+                     "shaw": 30.0, "t5": 100.0, "t5-log2": 100.0, "transformer-xl": 10.0, "xl": 100.0}
+
 # Each preset is complete; `quick` is what `relbench bench` runs.
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "tiny": {   # seconds: tests and smoke runs
@@ -131,18 +140,21 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     },
     "quick": {  # the default: all 16 variants trained and extrapolated to 16x within 15 min on 2 cores
         "model": dict(d_model=128, n_layers=4, n_heads=4, train_length=256),
-        "train": dict(steps=400, batch_size=8, lr=3e-3, warmup_steps=50, eval_every=100, eval_batches=8),
+        "train": dict(steps=400, batch_size=8, lr=3e-3, warmup_steps=50, eval_every=100, eval_batches=8,
+                      position_lr_scales=TUNED_POSITION_LR),
         "eval": dict(eval_tokens=32768, max_batch_tokens=16384, tasks=["perplexity", "copy"], trials=8),
     },
     "standard": {  # deeper, trained 3x longer, evaluated on 4x the tokens: about an hour on 2 cores
         "model": dict(d_model=128, n_layers=6, n_heads=4, train_length=256),
-        "train": dict(steps=1800, batch_size=8, lr=3e-3, warmup_steps=100, eval_every=200, eval_batches=8),
+        "train": dict(steps=1800, batch_size=8, lr=3e-3, warmup_steps=100, eval_every=200, eval_batches=8,
+                      position_lr_scales=TUNED_POSITION_LR),  # tuned on quick, not on this preset
         "eval": dict(eval_tokens=131072, max_batch_tokens=16384, tasks=["perplexity", "copy"], trials=16),
     },
     "retrieval": {  # models that learn passkey retrieval at their training length, to test it at 4x-64x
         "model": dict(d_model=128, n_layers=2, n_heads=4, train_length=128),
         "train": dict(steps=1200, batch_size=32, lr=3e-3, warmup_steps=50, eval_every=100, eval_batches=4,
-                      task="passkey", answer_weight=10.0, text_weight=1.0, depth_curriculum=500),
+                      task="passkey", answer_weight=10.0, text_weight=1.0, depth_curriculum=500,
+                      position_lr_scales=TUNED_POSITION_LR),  # tuned on quick's language modelling
         "eval": dict(eval_tokens=32768, max_batch_tokens=16384, tasks=["passkey", "copy"], trials=10,
                      length_multiples=[1, 4, 16, 64]),
     },
@@ -153,7 +165,7 @@ DEFAULT_PRESET = "quick"
 def preset(name: str) -> dict[str, dict[str, Any]]:
     if name not in PRESETS:
         raise unknown("preset", name, list(PRESETS))
-    return {part: dict(values) for part, values in PRESETS[name].items()}
+    return copy.deepcopy(PRESETS[name])
 
 
 def to_dict(obj: Any) -> dict[str, Any]:
