@@ -109,14 +109,17 @@ def test_kerple_parameters_are_projected_in_place_after_each_step():
         assert model.positions[0].r2.max().item() == pytest.approx(top)
 
 
-def test_sinusoidal_positions_have_the_original_transformers_ratio_to_tokens():
-    """Vaswani et al. scale token embeddings (RMS 1 at init) by sqrt(d) and add sinusoids of RMS
-    1/sqrt(2): positions at 0.71 of the tokens' RMS. relbench keeps that ratio at init."""
-    model = gpt("sinusoidal", d_model=128)
+@pytest.mark.parametrize("d_model", [64, 128])
+def test_sinusoidal_positions_are_scaled_by_one_over_sqrt_d(d_model):
+    """Each (sin, cos) pair has a sum of squares of 1, so the table's RMS is 1/sqrt(2) before
+    scaling; the default scale d^-1/2 (chosen by validation loss, see the class) puts it at
+    1/sqrt(2 d): 0.0625 at d = 128, 3.1x the tokens' RMS at initialisation."""
+    model = gpt("sinusoidal", d_model=d_model)
     positions_rms = model.positions[0].embed(256).pow(2).mean().sqrt()
-    tokens_rms = model.tok.weight.pow(2).mean().sqrt()
-    assert float(positions_rms / tokens_rms) == pytest.approx(1 / math.sqrt(2), rel=0.05)
-    assert float(tokens_rms) == pytest.approx(INIT_STD, rel=0.05)
+    assert float(positions_rms) == pytest.approx(1 / math.sqrt(2 * d_model), rel=1e-3)
+    assert float(model.tok.weight.pow(2).mean().sqrt()) == pytest.approx(INIT_STD, rel=0.05)
+    half = gpt("sinusoidal", d_model=d_model, position_options={"scale": 0.01}).positions[0].embed(256).pow(2).mean().sqrt()
+    assert float(half) == pytest.approx(0.01 / math.sqrt(2), rel=1e-3)
 
 
 def test_window_diagnostics_hand_computed():
