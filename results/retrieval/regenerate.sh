@@ -5,8 +5,11 @@
 # Run from the repository root; a stopped run resumes where it stopped.
 set -euo pipefail
 RUN=${RUN:-results/retrieval}
-for seed in 0 1 2; do
-  relbench train --preset retrieval --seeds "$seed" --run-dir "$RUN"
-  relbench extrapolate --run-dir "$RUN" --seeds "$seed" --lengths 128 512 2048 8192 --task passkey copy
+SEEDS=${SEEDS:-0 1 2}          # e.g. SEEDS=0 for one seed
+VARIANTS=${VARIANTS:-}         # e.g. VARIANTS="t5 alibi rope" (default: every registered variant)
+only=(); [ -n "$VARIANTS" ] && only=(--variants $VARIANTS)
+for seed in $SEEDS; do
+  relbench train --preset retrieval --seeds "$seed" "${only[@]}" --run-dir "$RUN"
+  relbench extrapolate --run-dir "$RUN" --seeds "$seed" "${only[@]}" --lengths 128 512 2048 8192 --task passkey copy
 done
 relbench report --run-dir "$RUN"
