@@ -59,9 +59,11 @@ def read_meta(folder: Path) -> dict[str, Any] | None:
     return meta
 
 
-def _safe_load(path: Path, what: str, fix: str) -> Any:
+def _safe_load(path: Path, what: str, fix: str, data: bytes | None = None) -> Any:
+    """torch's safe loader on `path`, or on `data` (the bytes already read from it and verified, so
+    what is loaded is exactly what was checked, not a second read of a file that may have changed)."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path if data is None else io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as error:  # truncated zip, wrong format, refused unpickling: all mean unusable
         raise RelbenchError(f"{what} {path} is corrupt or unreadable ({type(error).__name__}); {fix}") from None
 
@@ -82,7 +84,7 @@ def load_model(folder: Path, device: torch.device | str = "cpu"):
         raise RelbenchError(f"checkpoint {path} cannot be read ({error.strerror}); {fix}") from None
     if meta.get("sha256") and sha256_bytes(data) != meta["sha256"]:
         raise RelbenchError(f"checkpoint {path} is corrupt or truncated (checksum mismatch); {fix}")
-    state = _safe_load(path, "checkpoint", fix)
+    state = _safe_load(path, "checkpoint", fix, data)
     try:
         model = GPT(ModelConfig(**meta["model"]))
         model.load_state_dict(state)

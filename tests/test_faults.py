@@ -359,3 +359,30 @@ def test_out_of_memory_in_training_is_one_line_and_keeps_what_was_done(tmp_path,
 def test_training_log_records_the_largest_attention_logit(uninterrupted):
     log = pd.read_csv(uninterrupted / "train.csv")
     assert (log["max_attention_logit"] > 0).all()
+
+
+def test_checkpoint_loads_the_bytes_it_verified(tmp_path, monkeypatch):
+    """load_model checks model.pt's sha256 and must load those same bytes: if the file changes after
+    the check (here: overwritten with garbage the moment it has been read), the verified weights are
+    still what comes back, not a second read of the file."""
+    from dataclasses import asdict
+
+    from relbench.checkpoints import MODEL_FILE, load_model, save_checkpoint
+    from relbench.config import ModelConfig
+    from relbench.model import GPT
+
+    config = ModelConfig(vocab_size=256, d_model=32, n_layers=1, n_heads=2, train_length=16, position="alibi")
+    model = GPT(config, seed=0)
+    save_checkpoint(tmp_path, model, {"model": asdict(config), "variant": "alibi", "seed": 0})
+    real_read = Path.read_bytes
+
+    def read_then_clobber(self):
+        data = real_read(self)
+        if self.name == MODEL_FILE:
+            self.write_bytes(b"not a checkpoint")
+        return data
+
+    monkeypatch.setattr(Path, "read_bytes", read_then_clobber)
+    loaded = load_model(tmp_path)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
