@@ -63,17 +63,35 @@ def _log_axes(ax, xticks: list[int] | None = None) -> None:
     ax.xaxis.set_major_formatter(plain)
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.yaxis.set_major_formatter(plain)
-    ax.yaxis.set_minor_formatter(plain)
+    ax.yaxis.set_minor_formatter(_MinorPlain())
+
+
+class _MinorPlain(matplotlib.ticker.Formatter):
+    """Minor log ticks labelled "%g": all of them while the axis spans at most a decade
+    (perplexities), only 2 and 5 up to two decades, none beyond (attention times over several
+    decades keep just the powers of ten), so the labels never run into each other."""
+
+    def __call__(self, x, pos=None) -> str:
+        low, high = sorted(self.axis.get_view_interval())
+        span = high / low if low > 0 else float("inf")
+        mantissa = round(x / 10 ** np.floor(np.log10(x)), 6) if x > 0 else 0
+        return f"{x:g}" if span <= 10 or (span <= 100 and mantissa in (2, 5)) else ""
 
 
 def _grid(n: int, width: float = 4.2, height: float = 3.6, columns: int = 4, **kwargs):
-    """A figure of n panels in rows of at most `columns` (never one endless row); unused panels hidden."""
-    cols = min(columns, n)
+    """A figure of n panels in rows of at most `columns` (rows = ceil(n / columns)), each panel
+    `width` x `height` inches; the unused trailing slots hidden. kwargs go to plt.subplots
+    (sharex, sharey). With a shared x, matplotlib labels the ticks of the bottom row only: a panel
+    with a hidden slot below it keeps its own tick labels. Returns the figure and the n axes."""
+    cols = max(1, min(columns, n))
     rows = -(-n // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False, **kwargs)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False, layout="constrained",
+                             **kwargs)
     flat = list(axes.flat)
     for ax in flat[n:]:
         ax.set_visible(False)
+    for ax in flat[max(0, n - cols):n]:  # nothing visible below these
+        ax.xaxis.set_tick_params(which="both", labelbottom=True)
     return fig, flat[:n]
 
 
@@ -139,7 +157,7 @@ def learned_bias(run_dir: Path, config: dict[str, Any], path: Path) -> Path | No
         return None
     train_length = int(config["model"]["train_length"])
     distance = torch.arange(0, 2 * train_length)
-    fig, axes = _grid(len(panels))
+    fig, axes = _grid(len(panels), sharex=True)  # same distances in every panel; biases differ in scale
     for ax, (variant, layer, enc) in zip(axes, panels):
         with torch.no_grad():
             values = enc.distance_bias(distance).float()                     # (H, D)
@@ -175,7 +193,9 @@ def attention_cost(profile: pd.DataFrame, path: Path) -> Path | None:
         ax.set(xlabel="length", title=variant)
         _log_axes(ax, sorted(ok["length"].unique()))
         ax.legend(fontsize=7)
-    axes[0].set_ylabel("bias + attention forward (ms)")
+    for ax in axes:
+        if ax.get_subplotspec().is_first_col():
+            ax.set_ylabel("bias + attention forward (ms)")
     return _save(fig, path)
 
 

@@ -51,3 +51,117 @@ def test_statuses_other_than_ok_are_shown():
     header, body = perplexity_table(summary, "nonoverlap")
     assert header == ["variant", "L=16", "L=64"]
     assert dict((r[0], r[2]) for r in body) == {"a": "4.400 (x1.10)", "b": "unsupported"}
+
+
+# --- plots: many variants in a grid of at most four columns -------------------------------------------
+
+def _png_size(path):
+    """(width, height) in pixels, from the PNG header (IHDR)."""
+    import struct
+
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+def _capture_figures(monkeypatch):
+    """The figures the plotting functions save (they close them, but the axes stay inspectable)."""
+    from relbench import plots
+
+    figures, save = [], plots._save
+    monkeypatch.setattr(plots, "_save", lambda fig, path: (figures.append(fig), save(fig, path))[1])
+    return figures
+
+
+def _check_grid(path, figure, n_panels):
+    """At most four columns, ceil(n / 4) rows, one visible axes per panel, a sensible aspect."""
+    rows, cols = -(-n_panels // 4), min(4, n_panels)
+    visible = [ax for ax in figure.axes if ax.get_visible()]
+    assert len(visible) == n_panels
+    assert {ax.get_subplotspec().get_geometry()[:2] for ax in figure.axes} == {(rows, cols)}
+    width, height = _png_size(path)
+    # a panel is about 4.2 x 3.6 inches: the image is about cols panels wide and rows panels tall,
+    # not one row of n panels (the old 16-variant attention_cost.png was 6237 x 414 px)
+    assert width / height == pytest.approx((cols * 4.2) / (rows * 3.6), rel=0.3)
+    assert width <= 4 * 4.2 * 110 * 1.15
+    return visible
+
+
+def _profile_rows(n_variants):
+    """profile.csv-like rows: two backends at four lengths for each variant, plus a failed row."""
+    out = [{"variant": f"v{i}", "backend": backend, "length": length, "batch": 1, "heads": 4, "head_dim": 16,
+            "device": "cpu", "status": "ok", "bias_ms": 0.01 * length / 64,
+            "attention_ms": 0.1 * (length / 64) ** 2 * (1 + i / 10) * (2 if backend == "reference" else 1)}
+           for i in range(n_variants) for backend in ("reference", "split") for length in (64, 256, 1024, 4096)]
+    out.append({**out[0], "length": 1 << 20, "status": "oom", "bias_ms": float("nan"), "attention_ms": float("nan")})
+    return pd.DataFrame(out)
+
+
+@pytest.mark.parametrize("n_variants", [10, 16])
+def test_attention_cost_panels_in_rows_of_four(tmp_path, monkeypatch, n_variants):
+    from relbench.plots import attention_cost
+
+    figures = _capture_figures(monkeypatch)
+    path = attention_cost(_profile_rows(n_variants), tmp_path / "attention_cost.png")
+    assert path.name == "attention_cost.png" and len(figures) == 1
+    panels = _check_grid(path, figures[0], n_variants)
+    assert [ax.get_title() for ax in panels] == [f"v{i}" for i in range(n_variants)]
+    for ax in panels:  # time against length on the same log axes everywhere
+        assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+        assert ax.get_shared_x_axes().joined(panels[0], ax) and ax.get_shared_y_axes().joined(panels[0], ax)
+        assert [t.get_text() for t in ax.get_legend().get_texts()] == ["reference", "split"]
+        if ax.get_subplotspec().is_first_col():
+            assert ax.get_ylabel() == "bias + attention forward (ms)"
+    # the last panel of each column carries the length ticks, also above a hidden slot of the last row
+    for ax in panels[-4:]:
+        assert ax.xaxis.get_tick_params()["labelbottom"]
+
+
+def _learned_bias_run(run_dir, variants):
+    """Finished tiny two-layer checkpoints: untrained weights are enough to draw the bias curves."""
+    from relbench import checkpoints, results
+    from relbench.model import GPT, ModelConfig
+
+    for variant in variants:
+        model = {"vocab_size": 256, "d_model": 32, "n_layers": 2, "n_heads": 4, "train_length": 16, "position": variant}
+        checkpoints.save_checkpoint(results.checkpoint_dir(run_dir, variant, 0), GPT(ModelConfig(**model), seed=0),
+                                    {"finished": True, "variant": variant, "seed": 0, "model": model})
+    return {"seeds": [0], "variants": variants, "model": {"train_length": 16}}
+
+
+def test_learned_bias_panels_in_rows_of_four(tmp_path, monkeypatch):
+    from relbench.plots import learned_bias
+
+    # xl and dynamic have a bias per layer (two panels: layer 0 and the last), the others one shared
+    # bias; alibi has nothing learned and is left out: 2 + 2 + 1 + 1 + 1 + 1 + 2 = 10 panels
+    variants = ["xl", "dynamic", "t5", "t5-log2", "kerple-log", "kerple-power", "alibi", "xl:position_lr_scale=2"]
+    config = _learned_bias_run(tmp_path, variants)
+    figures = _capture_figures(monkeypatch)
+    path = learned_bias(tmp_path, config, tmp_path / "learned_bias.png")
+    assert path.name == "learned_bias.png" and len(figures) == 1
+    panels = _check_grid(path, figures[0], 10)
+    assert panels[0].get_title() == "xl, layer 0" and panels[-1].get_title() == "xl:position_lr_scale=2, layer 1"
+    for ax in panels:  # the same distances everywhere; each panel keeps its own bias scale
+        assert ax.get_shared_x_axes().joined(panels[0], ax)
+        assert ax is panels[0] or not ax.get_shared_y_axes().joined(panels[0], ax)
+        assert ax.get_xlabel() == "distance i - j" and ax.get_ylabel() == "bias - bias at distance 0"
+    assert panels[0].get_legend().get_title().get_text() == "dashed: ALiBi"
+    for ax in panels[-4:]:
+        assert ax.xaxis.get_tick_params()["labelbottom"]
+
+
+@pytest.mark.parametrize(("low", "high", "minor"), [(5, 13, {"5", "6", "7", "8", "9"}), (12, 150, {"20", "50"}),
+                                                     (0.1, 1000, set())])
+def test_log_axes_minor_labels_thin_out_over_decades(low, high, minor):
+    import matplotlib.pyplot as plt
+
+    from relbench.plots import _log_axes
+
+    fig, ax = plt.subplots()
+    ax.plot([16, 256], [low, high])
+    _log_axes(ax, [16, 256])
+    fig.canvas.draw()
+    shown = {t.get_text() for t in ax.get_yticklabels(minor=True)
+             if t.get_text() and low <= float(t.get_text()) <= high}
+    plt.close(fig)
+    assert shown == minor
