@@ -17,7 +17,6 @@ between the two renames) was changed or truncated by something else, and is repo
 from __future__ import annotations
 
 import datetime as dt
-import fcntl
 import hashlib
 import io
 import json
@@ -29,6 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import filelock
 import pandas as pd
 import torch
 
@@ -198,30 +198,33 @@ def require_run(run_dir: Path) -> dict[str, Any]:
 
 class RunLock:
     """An exclusive lock on a run directory for the length of a command. A second relbench process
-    on the same directory gets a clear error instead of interleaving its writes."""
+    on the same directory gets a clear error, naming the pid of the first, instead of interleaving
+    its writes. The lock is `filelock`'s (flock on POSIX, msvcrt on Windows; the OS releases it when
+    a process dies); the holder's pid sits beside it in `.lock.pid` for the message."""
 
     def __init__(self, run_dir: Path):
         self.path = Path(run_dir) / ".lock"
-        self.handle = None
+        self.pid_path = Path(run_dir) / ".lock.pid"
+        self.lock: filelock.FileLock | None = None
 
     def __enter__(self) -> "RunLock":
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.handle = open(self.path, "a+")
+        lock = filelock.FileLock(self.path, thread_local=False)
         try:
-            fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            self.handle.seek(0)
-            holder = self.handle.read().strip() or "unknown"
-            self.handle.close()
+            lock.acquire(timeout=0)
+        except filelock.Timeout:
+            try:
+                holder = self.pid_path.read_text().strip() or "unknown"
+            except OSError:
+                holder = "unknown"
             raise RelbenchError(f"another relbench process (pid {holder}) is working in {self.path.parent}; "
                                 f"wait for it to finish, or use another --run-dir") from None
-        self.handle.seek(0)
-        self.handle.truncate()
-        self.handle.write(str(os.getpid()))
-        self.handle.flush()
+        self.lock = lock
+        self.pid_path.write_text(str(os.getpid()))
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.handle is not None:
-            fcntl.flock(self.handle, fcntl.LOCK_UN)
-            self.handle.close()
+        if self.lock is not None:
+            self.pid_path.unlink(missing_ok=True)
+            self.lock.release()
+            self.lock = None

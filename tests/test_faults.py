@@ -239,6 +239,36 @@ def test_second_process_on_a_run_directory_is_refused(finished):
     assert run("report", "--run-dir", finished).exit_code == 0  # released
 
 
+def test_relbench_imports_without_posix_only_modules():
+    """Windows has no fcntl (nor resource): importing every command's module must not need them."""
+    import subprocess
+    import sys
+
+    code = ("import sys, warnings\nwarnings.simplefilter('ignore')\n"
+            "sys.modules.update(fcntl=None, resource=None, termios=None)\n"
+            "import relbench.cli, relbench.results, relbench.profile, relbench.extrapolate\nprint('ok')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "ok", done.stderr
+
+
+def test_a_lock_held_by_another_process_is_refused_with_its_pid(finished):
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom relbench import results\n"
+                               f"with results.RunLock({str(finished)!r}):\n    print('held', flush=True)\n"
+                               "    sys.stdin.readline()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        one_line_error(run("extrapolate", "--run-dir", finished, "--lengths", 32), "another relbench process",
+                       f"pid {holder.pid}")
+    finally:
+        holder.communicate("\n", timeout=30)
+    assert holder.returncode == 0
+    assert run("report", "--run-dir", finished).exit_code == 0  # released when the holder finished
+
+
 def test_out_of_memory_becomes_a_row_and_the_rest_continues(finished, monkeypatch):
     from relbench import evaluate
 
@@ -309,8 +339,8 @@ def test_diverging_variant_stops_keeps_its_last_good_state_and_others_finish(tmp
     original = GPT.forward
     calls = {"n": 0}
 
-    def forward(self, tokens):
-        logits = original(self, tokens)
+    def forward(self, tokens, **options):
+        logits = original(self, tokens, **options)
         if self.training and self.config.position == "xl":
             calls["n"] += 1
             if calls["n"] > 12:
@@ -336,12 +366,12 @@ def test_out_of_memory_in_training_is_one_line_and_keeps_what_was_done(tmp_path,
     original = GPT.forward
     calls = {"n": 0}
 
-    def forward(self, tokens):
+    def forward(self, tokens, **options):
         if self.training and self.config.position == "alibi":
             calls["n"] += 1
             if calls["n"] == 8:
                 raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
-        return original(self, tokens)
+        return original(self, tokens, **options)
 
     monkeypatch.setattr(GPT, "forward", forward)
     result = run("train", "--preset", "tiny", "--variants", "xl", "alibi", "--run-dir", tmp_path)
