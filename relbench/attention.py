@@ -1,9 +1,10 @@
 """Causal attention with a position bias, behind one function.
 
-    attention(q, k, v, position=enc, backend="auto")      # q, k, v: (B, H, L, D)
+    q, k, plan = enc.prepare(q, k)                  # q, k: (B, H, L, D) as projected
+    attention(q, k, v, plan, backend="auto")        # -> (B, H, L, D)
 
 Queries are the LAST Lq of the Lk key positions. The scheme's bias comes as a BiasPlan
-(positions/plan.py); each backend takes from it what it needs:
+(positions/plan.py); each path takes from it what it needs:
 
 - `reference`: the seed's path. Materialise the (H, Lq, Lk) bias and the scores, add, mask,
   softmax. Every other path is tested against it.
@@ -11,17 +12,26 @@ Queries are the LAST Lq of the Lk key positions. The scheme's bias comes as a Bi
   (bias + causal -inf, materialised) with one.
 - `chunked`: queries in blocks; each block builds only its rows of the bias and skips the keys
   after its last query. Memory O(block x L); works for every scheme, with autograd.
-- `split`: exact decomposition for biases that become constant beyond a horizon K (xl, t5, shaw)
-  or are linear in distance (alibi). Far keys go through the fused unbiased kernel, the band of
-  near keys gets the bias, and the two are merged by their log-sum-exp. CPU inference only.
+- `split`: exact decomposition for biases that become constant beyond a horizon K (xl, t5, shaw).
+  Far keys go through the fused unbiased kernel, the band of near keys gets the bias, and the two
+  are merged by their log-sum-exp. CPU inference only.
+- `split-linear`: the same for a bias linear in distance (alibi): per query block, the bias is a
+  per-key term; the block's own keys and the earlier keys are merged by log-sum-exp.
 - `flex`: FlexAttention with the scheme's score_mod and a causal block mask, compiled. Inference
   on CPU (torch has no FlexAttention backward on CPU); training and inference on CUDA.
-- `auto`: the fastest exact path for the device, the mode and the scheme (`choose`).
+
+A *backend* is what the user asks for (`auto`, `split`, ...); the *path* is the algorithm that
+runs. `resolve` maps one to the other, visibly: `split` on a sequence too short for any far key
+is the chunked path, and says so. Nothing falls back inside a path; `recording()` counts the
+paths that really ran, which is what profile.csv, extrapolation.csv and the report show.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections import Counter
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +42,7 @@ from relbench.positions.base import PositionEncoding
 from relbench.positions.plan import BiasPlan, distance_grid
 
 BACKENDS = ("auto", "reference", "sdpa", "chunked", "split", "flex")
+PATH_NAMES = ("reference", "sdpa", "chunked", "split", "split-linear", "flex")
 CHUNK = 512          # query rows per block on the chunked path
 BAND_BLOCK = 64      # query rows per block of the split path's near band (fastest measured: 64 of 64..512)
 LINEAR_BLOCKS = (256, 1024)  # query rows per block for linear biases (ALiBi): L/16 within these bounds,
@@ -98,20 +109,14 @@ def _four_d(bias: Tensor) -> Tensor:
     return bias if bias.dim() == 4 else bias.unsqueeze(0)
 
 
-def split_attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None, block: int = BAND_BLOCK) -> Tensor:
-    q_len, k_len = q.shape[-2], k.shape[-2]
-    if plan is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True) if q_len == k_len else sdpa_attention(q, k, v, None)
-    if needs_grad(q, k, v, plan):
-        raise UsageError("the split backend is for inference only (its fused kernel returns no gradient "
-                         "for the bias); train with --attention auto or chunked")
-    if q_len != k_len or q.device.type != "cpu":
-        return chunked_attention(q, k, v, plan)
-    if plan.linear_slopes is not None:
-        linear_block = min(LINEAR_BLOCKS[1], max(LINEAR_BLOCKS[0], q_len // 16))
-        return _split_linear(q, k, v, plan.linear_slopes.to(q.dtype), linear_block)
-    if plan.horizon is None or q_len < plan.horizon + block:  # short: (almost) every key is near
-        return chunked_attention(q, k, v, plan)
+def split_attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan, block: int = BAND_BLOCK) -> Tensor:
+    """Square CPU inference with a bias constant beyond plan.horizon, on a sequence long enough to
+    have far keys (`resolve` sends everything else elsewhere; this path never falls back)."""
+    q_len = q.shape[-2]
+    if not split_fits(plan, q, k.shape[-2], block):
+        raise ValueError(f"the split path needs square CPU attention with a horizon and at least one far "
+                         f"key block; got q_len={q_len}, k_len={k.shape[-2]}, device={q.device.type}, "
+                         f"horizon={plan.horizon}, block={block}")
     horizon = max(1, plan.horizon)
     n = q_len
     out = torch.empty_like(q)
@@ -149,11 +154,20 @@ def _band_tile(plan: BiasPlan, block: int, horizon: int, dtype: torch.dtype) -> 
     return _four_d(tile.masked_fill((distance < 0) | (distance >= horizon), float("-inf")))
 
 
-def _split_linear(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, block: int) -> Tensor:
+def linear_block(length: int) -> int:
+    """Query rows per block of the split-linear path: L/16 within LINEAR_BLOCKS."""
+    return min(LINEAR_BLOCKS[1], max(LINEAR_BLOCKS[0], length // 16))
+
+
+def split_linear_attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan, block: int | None = None) -> Tensor:
     """bias = -m (i - j) = m (j - s) - m (i - s) for a query block starting at s: the second term is
     the same for every key of a row, so it cancels; the first is a per-key bias, broadcast over rows.
     Within a block (keys s .. s+block) the masked bias is the same tile for every block."""
     n = q.shape[-2]
+    if plan.linear_slopes is None or n != k.shape[-2] or q.device.type != "cpu":
+        raise ValueError("the split-linear path needs square CPU attention with a linear bias (plan.linear_slopes)")
+    slopes = plan.linear_slopes.to(q.dtype)
+    block = linear_block(n) if block is None else block
     out = torch.empty_like(q)
     offsets = torch.arange(block, device=q.device, dtype=q.dtype)                       # j - s in a block
     near_tile = (slopes[:, None, None] * offsets[None, None, :]).expand(-1, block, -1)   # (H, block, block)
@@ -183,10 +197,6 @@ def flex_attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None) -> Te
     from torch.nn.attention import flex_attention as flex
 
     if "kernel" not in _FLEX:
-        # each length compiles its own kernel; past dynamo's recompile limit flex would silently run
-        # unfused and materialise every score, so the limit is raised well above the lengths we use
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
-        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
         _FLEX["kernel"] = torch.compile(flex.flex_attention, dynamic=False)
     q_len, k_len = q.shape[-2], k.shape[-2]
     key = (q_len, k_len, str(q.device))
@@ -200,16 +210,27 @@ def flex_attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None) -> Te
     score_mod = None if plan is None else plan.score_mod()
     if plan is not None and score_mod is None:
         raise UsageError("this position scheme has no FlexAttention score_mod; use the chunked backend")
-    return _FLEX["kernel"](q, k, v, score_mod=score_mod, block_mask=_FLEX[key])
+    # each length compiles its own kernel; past dynamo's recompile limit (8 by default) flex would
+    # silently run unfused and materialise every score. The limit is raised for these calls only,
+    # where the (re)compilation happens, and restored after: other compiled code keeps torch's default.
+    with torch._dynamo.config.patch(recompile_limit=FLEX_RECOMPILE_LIMIT):
+        return _FLEX["kernel"](q, k, v, score_mod=score_mod, block_mask=_FLEX[key])
+
+
+FLEX_RECOMPILE_LIMIT = 256   # one kernel per (length, score_mod) a run evaluates; well above what a run uses
 
 
 PATHS = {"reference": reference_attention, "sdpa": sdpa_attention, "chunked": chunked_attention,
-         "split": split_attention, "flex": flex_attention}
+         "split": split_attention, "split-linear": split_linear_attention, "flex": flex_attention}
 
 
 # ---- choosing and checking a backend ----------------------------------------------------------------
-def splittable(plan: BiasPlan | None) -> bool:
-    return plan is None or plan.horizon is not None or plan.linear_slopes is not None
+def split_fits(plan: BiasPlan, q: Tensor, k_len: int, block: int = BAND_BLOCK) -> bool:
+    """Whether the horizon split has far keys to split off: square, on CPU, a horizon, and at least
+    one block of queries beyond it (shorter, every key is near and the split is the chunked path)."""
+    q_len = q.shape[-2]
+    return (q_len == k_len and q.device.type == "cpu" and plan.horizon is not None
+            and q_len >= plan.horizon + block)
 
 
 def needs_grad(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None) -> bool:
@@ -219,11 +240,11 @@ def needs_grad(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None) -> bool:
 
 
 def choose(plan: BiasPlan | None, q: Tensor, k_len: int, grad: bool) -> str:
-    """The fastest exact path measured for this device, mode and scheme (benchmarks/attention.py)."""
+    """The fastest exact backend measured for this device, mode and scheme (benchmarks/attention.py)."""
     if plan is None:
         return "sdpa"
     if q.device.type == "cuda":  # a per-query position term (transformer-xl) has no score_mod
-        return "flex" if plan.score_mod() is not None else "chunked"
+        return "flex" if plan.has_score_mod else "chunked"
     if grad:
         # measured (benchmarks/train_throughput.py, quick model): in fp32 chunked is as fast as the
         # reference path at 256 and twice as fast at 1024; under bf16 autocast the materialised
@@ -231,47 +252,93 @@ def choose(plan: BiasPlan | None, q: Tensor, k_len: int, grad: bool) -> str:
         if q.dtype == torch.bfloat16 and k_len <= 1024:
             return "reference"
         return "chunked"
-    if q.shape[-2] == k_len and splittable(plan):
-        return "split"
-    return "chunked"
+    return "split"
 
 
-def check(backend: str, position: PositionEncoding | None = None, device: torch.device | str = "cpu",
-          training: bool = False) -> str:
-    """Validate a backend choice up front; raise a UsageError that says why it cannot work."""
+def resolve(backend: str, plan: BiasPlan | None, q: Tensor, k_len: int, grad: bool) -> str:
+    """The path (PATH_NAMES) that `backend` runs for this plan and these queries. `auto` picks the
+    backend (`choose`); `split` is the horizon split where it has far keys, the linear split for
+    ALiBi, and otherwise what the split would compute anyway: sdpa without a bias, chunked for a
+    short, non-square or non-CPU call."""
+    if backend == "auto":
+        backend = choose(plan, q, k_len, grad)
+    elif backend not in BACKENDS:
+        raise unknown("attention backend", backend, list(BACKENDS))
+    if backend != "split":
+        return backend
+    if plan is None:
+        return "sdpa"
+    if grad:
+        raise UsageError("the split backend is for inference only (its fused kernel returns no gradient "
+                         "for the bias); train with --attention auto or chunked")
+    if plan.linear_slopes is not None and q.shape[-2] == k_len and q.device.type == "cpu":
+        return "split-linear"
+    return "split" if split_fits(plan, q, k_len) else "chunked"
+
+
+def check(backend: str, position: PositionEncoding | type[PositionEncoding] | None = None,
+          device: torch.device | str = "cpu", training: bool = False) -> str:
+    """Validate a backend choice up front, from the scheme's declared capabilities (nothing is
+    built); raise a UsageError that says why it cannot work."""
     if backend not in BACKENDS:
         raise unknown("attention backend", backend, list(BACKENDS))
     device = torch.device(device)
     if backend == "flex" and training and device.type == "cpu":
         raise UsageError("the flex backend cannot train on CPU (torch's FlexAttention has no CPU backward); "
                          "use --attention auto or chunked")
-    if backend == "flex" and position is not None:
-        probe = position.plan(2, 2, torch.zeros(1, position.n_heads, 2, position.head_dim))
-        if probe is not None and probe.score_mod() is None:
-            raise UsageError(f'"{position.name}" has no FlexAttention score_mod (its position term is a '
-                             f'per-query dot product); use --attention chunked or auto')
+    if backend == "flex" and position is not None and position.adds_bias and not position.has_score_mod:
+        raise UsageError(f'"{position.name}" has no FlexAttention score_mod (its position term is a '
+                         f'per-query dot product); use --attention chunked or auto')
     if backend == "split":
         if training:
             raise UsageError("the split backend is for inference only; train with --attention auto or chunked")
         if device.type != "cpu":
             raise UsageError("the split backend runs on CPU; on CUDA use --attention flex or auto")
-        probe = 1 << 16  # long enough for any horizon the registry has
-        if position is not None and not splittable(position.plan(1, probe, torch.zeros(1, position.n_heads, 1, position.head_dim))):
+        if position is not None and position.adds_bias and not (position.has_horizon or position.linear):
             raise UsageError(f'the split backend needs a bias that is constant beyond some distance or linear in '
                              f'it; "{position.name}" is neither: use --attention chunked')
     return backend
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, position: PositionEncoding | None = None,
-              backend: str = "auto", plan: BiasPlan | None = None) -> Tensor:
-    """Causal attention of q (B, H, Lq, D) over k, v (B, H, Lk, D) with `position`'s bias.
+@contextlib.contextmanager
+def flush_denormals() -> Iterator[None]:
+    """Flush subnormal floats to zero on the CPU inside the block, and restore torch's default (off)
+    after: `torch.set_flush_denormal` is process-wide and has no getter, so only commands that
+    measure or evaluate at length enter it (extrapolate, profile). ALiBi-like biases leave about 1.5%
+    of the softmax probabilities subnormal; flushing them changes no perplexity digit and made those
+    paths 1.4-2.2x faster on the AVX-512 host."""
+    torch.set_flush_denormal(True)
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(False)
 
-    Rotary schemes must already have rotated q and k (`position.rotate`). `plan` is a plan the
-    caller built once for several layers; without it the position builds its own."""
-    if plan is None and position is not None:
-        plan = position.plan(q.shape[-2], k.shape[-2], q)
-    if backend == "auto":
-        backend = choose(plan, q, k.shape[-2], needs_grad(q, k, v, plan))
-    elif backend not in PATHS:
-        raise unknown("attention backend", backend, list(BACKENDS))
-    return PATHS[backend](q, k, v, plan)
+
+_RECORDERS: list[Counter] = []
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[Counter]:
+    """Count, by path name, the attention calls made inside the block (nested blocks each count)."""
+    taken: Counter = Counter()
+    _RECORDERS.append(taken)
+    try:
+        yield taken
+    finally:
+        _RECORDERS.remove(taken)
+
+
+def path_label(taken: Counter) -> str:
+    """The paths a recording saw, as one CSV cell: "split", or "chunked+split" when calls differed."""
+    return "+".join(sorted(taken))
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None = None, backend: str = "auto") -> Tensor:
+    """Causal attention of q (B, H, Lq, D) over k, v (B, H, Lk, D) with `plan`'s bias (None: no bias).
+
+    q, k and the plan come from `PositionEncoding.prepare`; `backend` is resolved to the path that
+    runs (`resolve`), and the path is counted by any active `recording()`."""
+    path = resolve(backend, plan, q, k.shape[-2], needs_grad(q, k, v, plan))
+    for taken in _RECORDERS:
+        taken[path] += 1
+    return PATHS[path](q, k, v, plan)

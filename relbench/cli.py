@@ -14,7 +14,7 @@ import typer
 
 from relbench import checkpoints, memory, positions, report, results
 from relbench import cli_tools  # noqa: F401  (registers variants, profile and inspect)
-from relbench.attention import check
+from relbench.attention import check, flush_denormals
 from relbench.cli_common import (Attention, Device, Lengths, PositionLR, Precision, RunDir, Variants, _check_backend,
                                  all_variants, app, console, position_lr_overrides, resolve_device, unique)
 from relbench.cli_group import spread_variadic  # noqa: F401  (part of the module's API)
@@ -172,9 +172,6 @@ def _extrapolate(run_dir: Path, lengths: list[int] | None, variants: list[str] |
     if trials < 1:
         raise UsageError(f"--trials must be positive, got {trials}")
     target = resolve_device(device)
-    # ALiBi-like biases leave ~1.5% of the softmax probabilities subnormal; flushing them to zero
-    # changes no perplexity digit and made those paths 1.4-2.2x faster (../shared/PERF_NOTES.md)
-    torch.set_flush_denormal(True)
     train_length = int(config["model"]["train_length"])
     specs = variants if variants else config.get("variants", [])
     for spec in specs:
@@ -204,8 +201,9 @@ def _extrapolate(run_dir: Path, lengths: list[int] | None, variants: list[str] |
                   f"{', '.join(tasks)}; perplexity {' and '.join(modes)}{f' (stride {stride})' if 'sliding' in modes else ''} "
                   f"on {text.n_tokens:,} test tokens in {len(text.offsets)} segments spread over the test split "
                   f"({attention} attention, {target})")
-    extrapolate_run(Path(run_dir), trained, lengths, modes, stride, text, eval_config, attention, target, console,
-                    force, tuple(tasks), trials, splits.tokenizer)
+    with flush_denormals():
+        extrapolate_run(Path(run_dir), trained, lengths, modes, stride, text, eval_config, attention, target, console,
+                        force, tuple(tasks), trials, splits.tokenizer)
 
 
 @app.command("extrapolate")

@@ -41,10 +41,10 @@ PositionLR = Annotated[str | None, typer.Option(help="Learning-rate multiplier o
 
 
 def _check_backend(backend: str, spec: str, model: ModelConfig, device: torch.device, training: bool) -> None:
-    enc = positions.build_spec(spec, n_heads=model.n_heads, head_dim=model.head_dim, d_model=model.d_model,
-                               train_length=model.train_length)
+    positions.build_spec(spec, n_heads=model.n_heads, head_dim=model.head_dim, d_model=model.d_model,
+                         train_length=model.train_length)   # the spec's options are valid for this shape
     try:
-        check(backend, enc, device, training)
+        check(backend, positions.scheme(spec), device, training)
     except UsageError as error:
         raise UsageError(f"{spec}: {error}") from None
 

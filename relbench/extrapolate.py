@@ -22,6 +22,7 @@ import pandas as pd
 import torch
 
 from relbench import checkpoints, evaluate, memory, results
+from relbench.attention import path_label, recording
 from relbench.config import EvalConfig
 from relbench.evaluate import ScoredText, effective_stride, position_rows, windows
 from relbench.model import GPT
@@ -53,7 +54,7 @@ def _unfit(model: GPT, length: int, per_batch: int, backend: str, device: torch.
     CPU the kernel would kill the process rather than raise); None when it can."""
     if model.max_length is not None and length > model.max_length:
         return Skipped("unsupported", f"no position representation beyond {model.max_length}")
-    need = memory.evaluation_bytes(model.config, backend, length, per_batch, model.positions[0].adds_bias())
+    need = memory.evaluation_bytes(model.config, backend, length, per_batch, model.positions[0].adds_bias)
     have = memory.budget(device)
     if have is not None and need > have:
         return Skipped("oom", f"skipped: {backend} attention at length {length} needs about {memory.human(need)}, "
@@ -85,13 +86,16 @@ def perplexity_row(model: GPT, base: dict[str, Any], text: ScoredText, length: i
     row = {**base, "length": length, "mode": mode, "protocol": protocol_label(text, mode, stride),
            "window": length, "stride": step, "segment": text.segment,
            "n_tokens": text.n_tokens, "n_windows": len(windows(text, length, mode, stride)), "attention": backend,
+           "path": "",
            "status": "ok", "loss": float("nan"), "ppl": float("nan"), "ppl_low": float("nan"),
            "ppl_high": float("nan"), "eval_s": float("nan"), "tokens_per_s": float("nan"),
            **{k: float("nan") for k in COST}, "message": ""}
     unfit = _unfit(model, length, max(1, max_batch_tokens // length), backend, device)
     if unfit is None:
-        unfit = _guarded(lambda: evaluate.perplexity(model, text, length, max_batch_tokens, device, mode, stride),
-                         length, device)
+        with recording() as taken:
+            unfit = _guarded(lambda: evaluate.perplexity(model, text, length, max_batch_tokens, device, mode, stride),
+                             length, device)
+        row["path"] = path_label(taken)
     if isinstance(unfit, Skipped):
         row.update(status=unfit.status, message=unfit.message)
         return row, None

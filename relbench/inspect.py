@@ -35,27 +35,19 @@ def _row_spread(values: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def attention_layers(model: GPT, tokens: torch.Tensor):
-    """Run `model` on tokens (B, L) layer by layer; for each layer yield (layer, pre-softmax logits
-    q.k/sqrt(d) of shape (B, H, L, L), the position bias broadcastable to them or None)."""
-    L = tokens.shape[-1]
-    x = model.tok(tokens)
-    first = model.positions[0]
-    absolute = first.embed(L)
-    if absolute is not None:
-        x = x + absolute.to(x.dtype)
-    shared = len(model.positions) == 1 and not first.content_dependent
-    shared_plan = first.plan(L, L) if shared else None
-    for layer, block in enumerate(model.blocks):
-        position = model.position(layer)
-        h = block.ln_attn(x)
-        B = h.shape[0]
-        q, k, _ = block.attn.qkv(h).view(B, L, 3, block.attn.n_heads, -1).permute(2, 0, 3, 1, 4)
-        q, k = position.rotate(q, k)
-        plan = shared_plan if shared else position.plan(L, L, q)
+def attention_layers(model: GPT, tokens: torch.Tensor, reduce):
+    """Run `model` on tokens (B, L) through its own forward (reference attention) and call
+    reduce(layer, logits, bias) per layer, with the pre-softmax content logits q.k/sqrt(d) of shape
+    (B, H, L, L) and the position bias broadcastable to them, or None; returns the list of results.
+    One layer's (B, H, L, L) tensors live at a time."""
+    out = []
+
+    def observe(layer: int, q: torch.Tensor, k: torch.Tensor, plan) -> None:
         logits = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])              # (B, H, L, L)
-        yield layer, logits, (plan.full() if plan is not None else None)
-        x = block(x, position, plan, "reference")
+        out.append(reduce(layer, logits, None if plan is None else plan.full()))
+
+    model(tokens, observe=observe, backend="reference")
+    return out
 
 
 def attention_logit_max(model: GPT, tokens: torch.Tensor) -> float:
@@ -65,10 +57,12 @@ def attention_logit_max(model: GPT, tokens: torch.Tensor) -> float:
     model.eval()
     L = tokens.shape[-1]
     visible = torch.ones(L, L, dtype=torch.bool, device=tokens.device).tril()
-    largest = 0.0
-    for _, logits, bias in attention_layers(model, tokens):
+
+    def layer_max(_, logits, bias) -> float:
         total = logits if bias is None else logits + bias
-        largest = max(largest, float(total.masked_fill(~visible, 0).abs().max()))
+        return float(total.masked_fill(~visible, 0).abs().max())
+
+    largest = max(attention_layers(model, tokens, layer_max))
     model.train(was_training)
     return largest
 
@@ -80,18 +74,18 @@ def layer_statistics(model: GPT, tokens: torch.Tensor) -> list[dict[str, Any]]:
     L = tokens.shape[-1]
     visible = torch.ones(L, L, dtype=torch.bool, device=tokens.device).tril()   # (L, L)
     distance = torch.arange(L, device=tokens.device)[:, None] - torch.arange(L, device=tokens.device)[None, :]
-    rows = []
-    for layer, logits, bias in attention_layers(model, tokens):
+
+    def per_head(layer, logits, bias) -> list[dict[str, Any]]:
         bias = torch.zeros_like(logits) if bias is None else bias.expand_as(logits)
         probs = torch.softmax((logits + bias).masked_fill(~visible, float("-inf")), dim=-1)
         reach = (probs * distance).sum(-1).mean(dim=(0, -1))                     # (H,)
         logit_spread, bias_spread = _row_spread(logits, visible), _row_spread(bias, visible)
-        for head in range(logits.shape[1]):
-            rows.append({"layer": layer, "head": head, "logit_spread": float(logit_spread[head]),
-                         "bias_spread": float(bias_spread[head]),
-                         "bias_to_logit": float(bias_spread[head] / logit_spread[head].clamp(min=1e-12)),
-                         "mean_distance": float(reach[head])})
-    return rows
+        return [{"layer": layer, "head": head, "logit_spread": float(logit_spread[head]),
+                 "bias_spread": float(bias_spread[head]),
+                 "bias_to_logit": float(bias_spread[head] / logit_spread[head].clamp(min=1e-12)),
+                 "mean_distance": float(reach[head])} for head in range(logits.shape[1])]
+
+    return [row for rows in attention_layers(model, tokens, per_head) for row in rows]
 
 
 HARD_WINDOW_NATS = 30.0  # a key whose position term is this far below its row's best gets < 1e-13 of the
@@ -109,20 +103,24 @@ def window_diagnostics(model: GPT, tokens: torch.Tensor) -> dict[str, float]:
     L = tokens.shape[-1]
     visible = torch.ones(L, L, dtype=torch.bool, device=tokens.device).tril()
     distance = (torch.arange(L, device=tokens.device)[:, None] - torch.arange(L, device=tokens.device)[None, :]).float()
-    reach, largest, limits, heads = [], 0.0, [], 0
-    for _, logits, bias in attention_layers(model, tokens):
+    limits: list[int] = []
+
+    def layer_window(_, logits, bias) -> tuple[float, float, int]:
         bias_full = torch.zeros_like(logits) if bias is None else bias.expand_as(logits).float()
         total = (logits + bias_full).masked_fill(~visible, float("-inf"))
-        reach.append(float((torch.softmax(total, -1) * distance).sum(-1).mean()))
-        largest = max(largest, float((logits + bias_full).masked_fill(~visible, 0).abs().max()))
+        reach = float((torch.softmax(total, -1) * distance).sum(-1).mean())
+        largest = float((logits + bias_full).masked_fill(~visible, 0).abs().max())
         last = bias_full[..., -1, :]                                                 # (B, H, L): the last query's row
         drop = last.max(-1, keepdim=True).values - last >= HARD_WINDOW_NATS           # (B, H, L) over keys 0..L-1
         # key j sits at distance L-1-j: hidden from distance d on means keys 0 .. L-1-d all hidden
         hidden_prefix = drop.long().cumprod(-1).bool()                                # (B, H, L)
-        for row in hidden_prefix.flatten(0, 1):
-            heads += 1
-            if bool(row[0]):                                                          # the farthest key is hidden
-                limits.append(L - int(row.sum()))                                     # distances it can still see
+        rows = hidden_prefix.flatten(0, 1)
+        limits.extend(L - int(row.sum()) for row in rows if bool(row[0]))            # distances it can still see
+        return reach, largest, rows.shape[0]
+
+    layers = attention_layers(model, tokens, layer_window)
+    reach, heads = [r for r, _, _ in layers], sum(n for _, _, n in layers)
+    largest = max(m for _, m, _ in layers)
     return {"mean_distance": sum(reach) / len(reach), "max_logit": largest, "hard_heads": len(limits) / max(1, tokens.shape[0]),
             "heads": heads / max(1, tokens.shape[0]), "hard_window": float(min(limits)) if limits else float("nan")}
 

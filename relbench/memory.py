@@ -5,9 +5,10 @@ with no exception to catch and no message. A typing slip such as `--batch-size 1
 that way, minutes into a run. So each command that sizes a model or a batch from user input first
 compares a lower bound of what it needs with the memory the device has, and refuses at once, in
 one line, when even the lower bound does not fit. The bound for training is what must be resident
-when backward starts (measured, see training_bytes); backward's temporary gradients come on top
-(measured peak RSS above an idle process, quick and tiny presets, lengths 32-4096: 1.4-2.2x the
-bound).
+when backward starts (measured, see training_bytes); backward's temporary gradients come on top.
+tests/test_memory.py checks the estimates against a real training step and a real evaluation,
+measured in a fresh process: the training bound was within 5% of what was resident when backward
+started, and the step's peak about 1.2-1.4x the bound.
 
     need = training_bytes(model_config, batch_size, "bf16")
     require(need, device, "training xl at --batch-size 64 x --train-length 4096", "use a smaller --batch-size")
@@ -76,12 +77,29 @@ def human(n: float) -> str:
 
 
 def parameter_count(model: ModelConfig) -> int:
-    """Parameters of the GPT body (tied token embedding, blocks, final norm) and, where the model
-    has one, the learned absolute table: a lower bound for every variant."""
-    d, hidden = model.d_model, int(model.mlp_ratio * model.d_model)
-    block = 4 * d * d + 2 * d * hidden + 4 * d            # qkv + out, MLP, two LayerNorms
-    table = model.train_length * d if model.position.split(":")[0] == "learned" else 0
-    return model.vocab_size * d + model.n_layers * block + 2 * d + table
+    """Exactly the number of parameters `GPT(model)` has, counted without allocating its weights:
+    the tied token embedding and the final norm, `n_layers` blocks, and the position module (one for
+    the model, or one per layer where the variant's class is not `shared_across_layers`), the block
+    and the position module built on the meta device (shapes, no storage). A position module whose
+    constructor computes on values (T5 finds its horizon) cannot be built there and is built on the
+    CPU, which costs its own parameters only."""
+    from relbench import positions
+    from relbench.model import Block
+
+    name, options = positions.parse_spec(model.position)
+    options.update(model.position_options)
+    shape = {"n_heads": model.n_heads, "head_dim": model.head_dim, "d_model": model.d_model,
+             "train_length": model.train_length}
+    with torch.device("meta"):
+        block = sum(p.numel() for p in Block(model).parameters())
+    try:
+        with torch.device("meta"):
+            enc = positions.build(name, **shape, **options)
+    except (NotImplementedError, RuntimeError):           # data-dependent construction: meta has no values
+        enc = positions.build(name, **shape, **options)
+    copies = 1 if enc.shared_across_layers else model.n_layers
+    d = model.d_model
+    return model.vocab_size * d + model.n_layers * block + 2 * d + copies * enc.n_params()
 
 
 def model_bytes(model: ModelConfig) -> int:
@@ -95,12 +113,15 @@ def qkv_bytes(length: int, batch: int, heads: int, head_dim: int) -> int:
 
 
 def scores_bytes(backend: str, length: int, batch: int, heads: int, has_bias: bool) -> int:
-    """Rough peak of the (H, L, L)-sized tensors a backend creates in a forward (fp32): the reference
-    path materialises scores, bias and probabilities; sdpa a bias mask (and its math fallback the
-    scores); chunked, split and flex stay O(L) per query block, and auto picks among those."""
+    """Rough peak of the (H, L, L)-sized tensors a backend creates in a forward without gradients
+    (fp32): the reference path holds two (B, H, L, L) tensors at a time (each step, from the scores
+    through scaling, bias, mask and softmax, makes a new one from the last) and the (H, L, L) bias
+    when there is one (measured peak RSS: tests/test_memory.py); sdpa a bias mask (and its math
+    fallback the scores); chunked, split and flex stay O(L) per query block, and auto picks among
+    those."""
     square = FLOAT * heads * length * length
     if backend == "reference":
-        return (3 * batch + 2) * square
+        return (2 * batch + int(has_bias)) * square
     if backend == "sdpa" and has_bias:
         return (batch + 3) * square
     return 0
@@ -119,12 +140,16 @@ def evaluation_bytes(model: ModelConfig, backend: str, length: int, batch: int, 
 def training_bytes(model: ModelConfig, batch_size: int, precision: str = "fp32") -> int:
     """What one training step of `model.position` keeps: weights, gradients and AdamW's two moments
     (16 bytes per parameter), plus every tensor autograd saves for backward. The saved tensors are
-    measured, not guessed: the real model runs a forward and the loss at two short lengths and two
-    batch sizes under `saved_tensors_hooks`, with the attention path training would take at the full
-    length and the given precision, and the four totals fix the four terms of
-        saved(B, L) = B (a L + b P(L)) + c P(L) + k,
+    measured, not guessed: the real model runs a forward and the loss at three short lengths (8, 16
+    and 32; fewer and shorter for a model trained shorter) and two batch sizes under
+    `saved_tensors_hooks`, with the attention path training would take at the full length and the
+    given precision, and the totals fix the five terms of
+        saved(B, L) = B (a L + b P(L)) + c P(L) + e L + k,
     P(L) the (query, key) pairs that path visits: activations per token (a), attention scores per
-    pair (b), a bias built once for the batch (c: FIRE's MLP runs on every pair) and constants (k)."""
+    pair (b), a bias built once for the batch (c: FIRE's MLP runs on every pair), what the batch
+    shares per position (e: without it, two lengths read the chunked path's per-position terms as
+    per-pair ones, and xl at length 1024, batch 2 was estimated at 106 MB for the 73 MB a real step
+    holds) and constants (k). tests/test_memory.py checks the estimate against a real step."""
     from relbench.attention import CHUNK
     from relbench.model import GPT
 
@@ -132,10 +157,8 @@ def training_bytes(model: ModelConfig, batch_size: int, precision: str = "fp32")
     probe = dataclasses.replace(model, attention=backend)
     gpt = GPT(probe).eval()  # a probe, not training: no layer behaves differently, gradients still flow
     top = model.train_length
-    if top <= 2:
-        lengths = (top, top)
-    else:
-        lengths = (max(2, min(16, top // 2)), min(32, top))
+    longest = min(32, top)
+    lengths = sorted({max(2, longest // 4), max(2, longest // 2), longest}) if top > 2 else [top]
 
     def pairs(length: int) -> int:
         if backend != "chunked":
@@ -145,19 +168,24 @@ def training_bytes(model: ModelConfig, batch_size: int, precision: str = "fp32")
     per_sequence, whole = [], []
     for length in lengths:
         one, two = (_saved_bytes(gpt, batch, length, precision) for batch in (1, 2))
-        per_sequence.append(two - one)
-        whole.append(2 * one - two)                       # c P(L) + k
-    (l1, l2), (p1, p2) = lengths, (pairs(lengths[0]), pairs(lengths[1]))
-    if l1 == l2:                                          # too short to separate L from L^2: scale by B alone
-        saved = batch_size * per_sequence[0] + whole[0]
-    else:
-        det = l1 * p2 - l2 * p1
-        a = max(0.0, (per_sequence[0] * p2 - per_sequence[1] * p1) / det)
-        b = max(0.0, (l1 * per_sequence[1] - l2 * per_sequence[0]) / det)
-        c = max(0.0, (whole[1] - whole[0]) / (p2 - p1))
-        k = max(0.0, whole[0] - c * p1)
-        target = pairs(model.train_length)
-        saved = batch_size * (a * model.train_length + b * target) + c * target + k
+        per_sequence.append(two - one)                    # a L + b P(L)
+        whole.append(2 * one - two)                       # c P(L) + e L + k
+    if len(lengths) == 1:                                 # too short to separate L from L^2: scale by B alone
+        return int(FLOAT * 4 * sum(p.numel() for p in gpt.parameters()) + batch_size * per_sequence[0] + whole[0])
+
+    def fit(columns: list[list[float]], totals: list[int]) -> list[float]:
+        """The non-negative coefficients of the columns that give the totals (as many as columns)."""
+        solved = torch.linalg.solve(torch.tensor(columns, dtype=torch.float64),
+                                    torch.tensor(totals, dtype=torch.float64))
+        return [max(0.0, float(x)) for x in solved]
+
+    a, b = fit([[n, pairs(n)] for n in lengths[-2:]], per_sequence[-2:])
+    if len(lengths) == 3:
+        c, e, k = fit([[pairs(n), n, 1] for n in lengths], whole)
+    else:                                                 # two lengths: no separate per-position term
+        (c, k), e = fit([[pairs(n), 1] for n in lengths], whole), 0.0
+    length, target = model.train_length, pairs(model.train_length)
+    saved = batch_size * (a * length + b * target) + c * target + e * length + k
     return int(FLOAT * 4 * sum(p.numel() for p in gpt.parameters()) + saved)
 
 
@@ -172,7 +200,7 @@ def training_backend(model: ModelConfig, precision: str) -> str:
     enc = positions.build_spec(model.position, n_heads=model.n_heads, head_dim=model.head_dim, d_model=model.d_model,
                                train_length=model.train_length)
     q = torch.zeros(1, model.n_heads, 2, model.head_dim, dtype=dtype)
-    return choose(enc.plan(2, 2, q), q, model.train_length, grad=True)
+    return choose(enc.plan(2, 2, q) if enc.adds_bias else None, q, model.train_length, grad=True)
 
 
 def _saved_bytes(gpt, batch: int, length: int, precision: str) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -26,6 +27,8 @@ from relbench.positions.plan import BiasPlan
 
 __all__ = ["GPT", "ModelConfig"]
 
+Observer = Callable[[Tensor, Tensor, "BiasPlan | None"], None]
+
 
 class SelfAttention(nn.Module):
     def __init__(self, config: ModelConfig):
@@ -34,11 +37,14 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=False)
         self.proj = nn.Linear(config.d_model, config.d_model, bias=False)
 
-    def forward(self, x: Tensor, position: PositionEncoding, plan: BiasPlan | None, backend: str) -> Tensor:
+    def forward(self, x: Tensor, position: PositionEncoding, plan: BiasPlan | None, backend: str,
+                observe: Observer | None = None) -> Tensor:
         B, L, D = x.shape
         q, k, v = self.qkv(x).view(B, L, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)  # (B, H, L, Dh) each
-        q, k = position.rotate(q, k)
-        y = attention(q, k, v, position=position, backend=backend, plan=plan)  # (B, H, L, Dh)
+        q, k, plan = position.prepare(q, k, plan)
+        if observe is not None:
+            observe(q, k, plan)
+        y = attention(q, k, v, plan, backend)                                 # (B, H, L, Dh)
         return self.proj(y.transpose(1, 2).reshape(B, L, D))                  # (B, L, D)
 
 
@@ -61,8 +67,9 @@ class Block(nn.Module):
         self.ln_mlp = nn.LayerNorm(config.d_model)
         self.mlp = MLP(config)
 
-    def forward(self, x: Tensor, position: PositionEncoding, plan: BiasPlan | None, backend: str) -> Tensor:
-        x = x + self.attn(self.ln_attn(x), position, plan, backend)
+    def forward(self, x: Tensor, position: PositionEncoding, plan: BiasPlan | None, backend: str,
+                observe: Observer | None = None) -> Tensor:
+        x = x + self.attn(self.ln_attn(x), position, plan, backend, observe)
         return x + self.mlp(self.ln_mlp(x))
 
 
@@ -80,7 +87,7 @@ class GPT(nn.Module):
         self.tok = nn.Embedding(config.vocab_size, config.d_model)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         self.ln_out = nn.LayerNorm(config.d_model)
-        check_backend(config.attention, self.positions[0])
+        check_backend(config.attention, cls)
         self.reset_parameters(seed)
 
     def position(self, layer: int) -> PositionEncoding:
@@ -91,7 +98,11 @@ class GPT(nn.Module):
     def max_length(self) -> int | None:
         return self.positions[0].max_length
 
-    def forward(self, tokens: Tensor) -> Tensor:
+    def forward(self, tokens: Tensor, observe: Callable[[int, Tensor, Tensor, BiasPlan | None], None] | None = None,
+                backend: str | None = None) -> Tensor:
+        """Logits (B, L, V) for tokens (B, L). `observe(layer, q, k, plan)`, when given, sees each
+        layer's rotated queries and keys and its bias plan just before attention (relbench inspect
+        reads attention from here); `backend` overrides the configured attention backend."""
         B, L = tokens.shape
         x = self.tok(tokens)                                       # (B, L, D)
         first = self.positions[0]
@@ -100,10 +111,12 @@ class GPT(nn.Module):
         if absolute is not None:
             x = x + absolute.to(x.dtype)                           # (L, D) broadcast over B
         # a content-independent bias shared by all layers is planned once per forward pass
-        shared = len(self.positions) == 1 and not first.content_dependent
+        shared = len(self.positions) == 1 and first.adds_bias and not first.content_dependent
         plan = first.plan(L, L) if shared else None
+        backend = self.config.attention if backend is None else backend
         for i, block in enumerate(self.blocks):
-            x = block(x, self.position(i), plan, self.config.attention)
+            hook = None if observe is None else (lambda q, k, p, layer=i: observe(layer, q, k, p))
+            x = block(x, self.position(i), plan, backend, hook)
         x = self.ln_out(x)
         return torch.matmul(x, self.tok.weight.t())               # (B, L, V), tied embedding
 

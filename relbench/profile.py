@@ -1,6 +1,6 @@
 """Timing and peak memory of position-bias construction and of attention.
 
-Method (../shared/STYLE.md): warm up, synchronise the device before reading the clock, take the
+Method: warm up, synchronise the device before reading the clock, take the
 median (and min/max) of repeats, and reset/read peak memory around exactly the measured call.
 CPU peak memory is the process's resident-set high-water mark (VmHWM, reset through
 /proc/self/clear_refs), because torch's CPU allocations are invisible to tracemalloc; `relbench
@@ -10,7 +10,8 @@ timed runs) lowers glibc's mmap threshold to 64 KiB so that freed buffers leave 
 What is measured, per variant x backend x length, for one layer with random q, k, v:
 - `bias`: building the position terms: the bias plan (a per-distance vector, or Shaw's
   query-vector products), the rotation of q and k, the absolute embedding; never cached.
-- `attention`: the attention call given those terms; it includes materialising whatever part
+- `attention`: the attention call given those terms, and the path it really took (`path`: the
+  `split` backend on a sequence too short for far keys runs the chunked path, and says so); it includes materialising whatever part
   of the bias the backend needs. Cached across repeats: flex's compiled kernel and causal block
   mask (per length); the first call, compilation included, is reported as first_call_s.
 - `train`: forward + backward of position terms and attention together, where the backend can
@@ -29,7 +30,7 @@ from typing import Any
 import torch
 
 from relbench import memory, positions
-from relbench.attention import attention, check, choose
+from relbench.attention import attention, check, flush_denormals, path_label, recording
 from relbench.errors import RelbenchError
 from relbench.positions.base import PositionEncoding
 
@@ -131,10 +132,9 @@ def measure(fn: Callable[[], object], device: torch.device | str, repeats: int =
 
 
 def position_terms(position: PositionEncoding, q: torch.Tensor, k: torch.Tensor, length: int):
-    """Everything the scheme computes before attention: absolute embedding, rotation, bias plan."""
+    """Everything the scheme computes before attention: absolute embedding, bias plan, rotation."""
     position.embed(length)
-    q, k = position.rotate(q, k)
-    return q, k, position.plan(length, length, q)
+    return position.prepare(q, k)
 
 
 def profile_one(spec: str, backend: str, length: int, batch: int = 1, heads: int = 8, head_dim: int = 64,
@@ -142,7 +142,7 @@ def profile_one(spec: str, backend: str, length: int, batch: int = 1, heads: int
                 train_length: int | None = None) -> dict[str, Any]:
     """One row: cost of bias construction, attention forward and (where sensible) forward+backward."""
     device = torch.device(device)
-    row: dict[str, Any] = {"variant": spec, "backend": backend, "path": backend, "length": length, "batch": batch,
+    row: dict[str, Any] = {"variant": spec, "backend": backend, "path": "", "length": length, "batch": batch,
                            "heads": heads, "head_dim": head_dim, "device": str(device), "status": "ok",
                            "message": "", "repeats": repeats,
                            "cached": "compiled kernel, causal block mask" if backend == "flex" else ""}
@@ -159,18 +159,18 @@ def profile_one(spec: str, backend: str, length: int, batch: int = 1, heads: int
         with torch.no_grad():
             build = measure(lambda: position_terms(position, q, k, length), device, repeats)
             q_rot, k_rot, plan = position_terms(position, q, k, length)
-            if backend == "auto":
-                row["path"] = choose(plan, q_rot, length, grad=False)
-            attend = measure(lambda: attention(q_rot, k_rot, v, position=position, backend=backend, plan=plan),
-                             device, repeats)
+            with recording() as taken:
+                attend = measure(lambda: attention(q_rot, k_rot, v, plan, backend), device, repeats)
+            row["path"] = path_label(taken)
         del plan
         row.update(bias_ms=build.median_ms, bias_min_ms=build.min_ms, bias_max_ms=build.max_ms,
                    bias_peak_mb=build.peak_mb, attention_ms=attend.median_ms, attention_min_ms=attend.min_ms,
                    attention_max_ms=attend.max_ms, attention_peak_mb=attend.peak_mb, first_call_s=attend.first_s)
         if length <= train_max and _can_train(backend, position, device):
-            train = measure(lambda: _forward_backward(position, q, k, v, length, backend), device,
-                            max(1, repeats // 2))
-            row.update(train_ms=train.median_ms, train_min_ms=train.min_ms, train_max_ms=train.max_ms,
+            with recording() as taken:
+                train = measure(lambda: _forward_backward(position, q, k, v, length, backend), device,
+                                max(1, repeats // 2))
+            row.update(train_path=path_label(taken), train_ms=train.median_ms, train_min_ms=train.min_ms, train_max_ms=train.max_ms,
                        train_peak_mb=train.peak_mb)
     except (RuntimeError, MemoryError) as error:
         if not memory.is_out_of_memory(error):
@@ -190,7 +190,7 @@ def _can_train(backend: str, position: PositionEncoding, device: torch.device) -
 def _forward_backward(position, q, k, v, length, backend) -> None:
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
     q_rot, k_rot, plan = position_terms(position, q, k, length)
-    out = attention(q_rot, k_rot, v, position=position, backend=backend, plan=plan)
+    out = attention(q_rot, k_rot, v, plan, backend)
     out.sum().backward()
     position.zero_grad(set_to_none=True)
 
@@ -254,7 +254,7 @@ def profile_run(out_path: Path, specs: list[str], backends: list[str], lengths: 
                               train_max=train_max)
                 need = memory.qkv_bytes(length, batch, heads, head_dim)
                 if available is None or need <= available:
-                    need += memory.scores_bytes(backend, length, batch, heads, positions.adds_bias(spec, head_dim))
+                    need += memory.scores_bytes(backend, length, batch, heads, positions.scheme(spec).adds_bias)
                 if available is not None and need > 0.8 * available:
                     row = {**{k: config[k] for k in PROFILE_KEY}, "status": "oom",
                            "message": f"skipped: needs about {memory.human(need)}, {memory.human(available)} available"}
@@ -304,11 +304,11 @@ def _main(argv: list[str]) -> None:
     ISOLATED = True
     config = json.loads(argv[0])
     spec = config.pop("variant")
-    torch.set_flush_denormal(True)
     if config.get("device", "cpu") == "cpu":
         _limit_address_space()
     try:
-        row = profile_one(spec, **config)
+        with flush_denormals():
+            row = profile_one(spec, **config)
     except RelbenchError as error:
         row = {"variant": spec, **config, "status": "unsupported", "message": str(error)}
     print(json.dumps(row))

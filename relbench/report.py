@@ -133,10 +133,20 @@ def perplexity_table(summary: pd.DataFrame, protocol: str) -> tuple[list[str], l
     return header, body
 
 
+def _path_note(rows: pd.DataFrame, requested: str | None = None) -> str:
+    """" [chunked]": the attention path the rows really took, when it is not the backend asked for
+    (the split backend on a sequence too short to split runs the chunked path; auto picks one)."""
+    if "path" not in rows:
+        return ""
+    paths = sorted({str(p) for p in rows["path"].dropna() if str(p)})
+    return f" [{'/'.join(paths)}]" if paths and paths != [requested] else ""
+
+
 def cost_table(rows: pd.DataFrame, config: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """Bias construction and attention time (ms, one layer, batch 1) per variant and length."""
+    """Bias construction and attention time (ms, one layer, batch 1) per variant and length, with the
+    attention path that ran in brackets."""
     lengths = sorted(rows["length"].unique())
-    header = ["variant"] + [f"L={n} bias / attn ms" for n in lengths]
+    header = ["variant"] + [f"L={n} bias / attn ms [path]" for n in lengths]
     body = []
     for variant in variant_order(rows, config):
         mine = rows[(rows["variant"] == variant) & (rows["status"] == "ok")].groupby("length")
@@ -147,7 +157,8 @@ def cost_table(rows: pd.DataFrame, config: dict[str, Any]) -> tuple[list[str], l
                 cells.append(status.iloc[0] if len(status) else "-")
             else:
                 group = mine.get_group(n)
-                cells.append(f"{group['bias_ms'].median():.2f} / {group['attention_ms'].median():.1f}")
+                cells.append(f"{group['bias_ms'].median():.2f} / {group['attention_ms'].median():.1f}"
+                             + _path_note(group))
         body.append([variant] + cells)
     return header, body
 
@@ -198,13 +209,13 @@ def profile_table(rows: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
                 cell += f" {r['attention_peak_mb']:.0f}MB"
             if pd.notna(r.get("train_ms", float("nan"))):
                 cell += f" | fb {r['train_ms']:.0f}"
-            cells.append(cell)
+            cells.append(cell + _path_note(mine.loc[[n]], str(backend)))
         body.append([str(variant), str(backend)] + ([str(shape)] if several else []) + cells)
     return header, body
 
 
 PROFILE_TITLE = ("Cost: attention forward ms (+ bias construction ms), peak extra memory, "
-                 "| fb = forward+backward ms")
+                 "| fb = forward+backward ms, [path] = the path that ran when it is not the backend asked for")
 
 
 def rich_table(title: str, header: list[str], body: list[list[str]]) -> Table:

@@ -1,17 +1,25 @@
-"""Every attention backend equals the reference (materialised) path, for every variant."""
+"""Every attention path equals the reference (materialised) path, for every variant, at sizes where
+that path really runs: `recording()` tells which path ran, and the merges of the split paths are
+counted."""
 
 import pytest
 import torch
 
+from relbench import attention as attention_module
 from relbench import positions
-from relbench.attention import BACKENDS, attention, check, chunked_attention, split_attention
+from relbench.attention import (BACKENDS, attention, check, chunked_attention, linear_block, recording, resolve,
+                                split_attention, split_linear_attention)
 from relbench.errors import UsageError
+from relbench.positions.base import PositionEncoding
 from relbench.positions.plan import toeplitz
 
 H, D = 4, 8
-# small horizons so the far/near decomposition is exercised at short lengths
+# small horizons so the far/near decomposition runs at short lengths: xl 5, t5 12, shaw 3, t5-log2 8
 SPECS = {name: name for name in positions.names()}
-SPECS.update({"xl": "xl:k=5", "t5": "t5:num_buckets=8,max_distance=12", "shaw": "shaw:k=3"})
+SPECS.update({"xl": "xl:k=5", "t5": "t5:num_buckets=8,max_distance=12", "shaw": "shaw:k=3",
+              "t5-log2": "t5-log2:max_distance=8"})
+SPLIT = [s for s in SPECS.values() if positions.scheme(s).has_horizon]      # xl, t5, t5-log2, shaw
+LONG = 150   # >= every SPLIT horizon + the split path's 64-row band block: the horizon split runs
 
 
 def encoding(spec):
@@ -29,63 +37,178 @@ def qkv(q_len, k_len, batch=2, seed=0):
             torch.randn(batch, H, k_len, D, generator=g))
 
 
+def prepared(enc, q_len, k_len, batch=2):
+    q, k, v = qkv(q_len, k_len, batch)
+    q, k, plan = enc.prepare(q, k)
+    return q, k, v, plan
+
+
+def test_split_cases_have_horizons_short_enough_for_the_split_to_run():
+    assert sorted(p.split(":")[0] for p in SPLIT) == ["shaw", "t5", "t5-log2", "xl"]
+
+
 @pytest.mark.parametrize("spec", list(SPECS.values()))
 @pytest.mark.parametrize("backend", ["sdpa", "chunked", "split"])
-@pytest.mark.parametrize("q_len, k_len", [(37, 37), (9, 37)])
+@pytest.mark.parametrize("q_len, k_len", [(37, 37), (9, 37), (LONG, LONG)])
+@torch.no_grad()  # split is inference-only
 def test_backend_matches_reference(spec, backend, q_len, k_len):
     enc = encoding(spec)
-    q, k, v = qkv(q_len, k_len)
-    q, k = enc.rotate(q, k)
-    with torch.no_grad():  # split is inference-only
-        ref = attention(q, k, v, position=enc, backend="reference")
-        torch.testing.assert_close(attention(q, k, v, position=enc, backend=backend), ref, rtol=1e-5, atol=1e-5)
+    q, k, v, plan = prepared(enc, q_len, k_len)
+    ref = attention(q, k, v, plan, "reference")
+    with recording() as taken:
+        out = attention(q, k, v, plan, backend)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    # the path that ran is the one `resolve` names, and it is the one the test means to exercise
+    expected = resolve(backend, plan, q, k_len, grad=False)
+    assert dict(taken) == {expected: 1}
+    if backend == "split" and q_len == k_len:
+        if positions.scheme(spec).linear:
+            assert expected == "split-linear"
+        elif spec in SPLIT and q_len == LONG:
+            assert expected == "split"
 
 
-@pytest.mark.parametrize("spec", list(SPECS.values()))
+def test_the_horizon_split_merges_far_and_near_keys_at_length_150(monkeypatch):
+    """At LONG every SPLIT variant runs the far/near decomposition: count the merges."""
+    merges = []
+    original = attention_module._merge
+    monkeypatch.setattr(attention_module, "_merge", lambda *a: merges.append(1) or original(*a))
+    for spec in SPLIT:
+        merges.clear()
+        enc = encoding(spec)
+        q, k, v, plan = prepared(enc, LONG, LONG, batch=1)
+        with torch.no_grad(), recording() as taken:
+            attention(q, k, v, plan, "split")
+        assert dict(taken) == {"split": 1}, spec
+        # blocks of 64 rows: rows from the horizon on have far keys; blocks 0..2 each merge once
+        assert len(merges) == 3, spec
+
+
+@pytest.mark.parametrize("spec", SPLIT)
+@pytest.mark.parametrize("block", [1, 4, 7])
 @torch.no_grad()
-def test_small_blocks_match_reference(spec):
-    """Blocks smaller than the horizon and than the sequence: every merge branch runs."""
+def test_split_with_small_blocks_matches_reference(spec, block, monkeypatch):
+    """Band blocks smaller than the horizon and than the sequence: every merge branch runs, and the
+    block size is really used (the number of merges is the number of blocks with far rows)."""
+    merges = []
+    original = attention_module._merge
+    monkeypatch.setattr(attention_module, "_merge", lambda *a: merges.append(1) or original(*a))
     enc = encoding(spec)
-    q, k, v = qkv(29, 29)
-    q, k = enc.rotate(q, k)
-    ref = attention(q, k, v, position=enc, backend="reference")
-    plan = enc.plan(29, 29, q)
-    torch.testing.assert_close(chunked_attention(q, k, v, plan, block=4), ref, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(split_attention(q, k, v, plan, block=4), ref, rtol=1e-5, atol=1e-5)
+    length = 29
+    q, k, v, plan = prepared(enc, length, length)
+    ref = attention(q, k, v, plan, "reference")
+    torch.testing.assert_close(split_attention(q, k, v, plan, block=block), ref, rtol=1e-5, atol=1e-5)
+    horizon = max(1, plan.horizon)
+    blocks_with_far_rows = len({row // block for row in range(horizon, length)})
+    assert len(merges) == blocks_with_far_rows > 1
+    torch.testing.assert_close(chunked_attention(q, k, v, plan, block=block), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("block", [1, 5, 8, 37])
+@torch.no_grad()
+def test_linear_split_uses_its_block_size_and_matches_reference(block, monkeypatch):
+    merges = []
+    original = attention_module._merge
+    monkeypatch.setattr(attention_module, "_merge", lambda *a: merges.append(1) or original(*a))
+    enc = encoding("alibi")
+    q, k, v, plan = prepared(enc, 37, 37)
+    ref = attention(q, k, v, plan, "reference")
+    torch.testing.assert_close(split_linear_attention(q, k, v, plan, block=block), ref, rtol=1e-5, atol=1e-5)
+    assert len(merges) == -(-37 // block) - 1      # every block after the first merges with earlier keys
+
+
+@torch.no_grad()
+def test_linear_split_at_dispatch_length_merges_blocks(monkeypatch):
+    """Through `attention`, ALiBi's block is L/16 clamped to 256..1024: at 600, blocks of 256, so two merges."""
+    merges = []
+    original = attention_module._merge
+    monkeypatch.setattr(attention_module, "_merge", lambda *a: merges.append(1) or original(*a))
+    enc = encoding("alibi")
+    q, k, v, plan = prepared(enc, 600, 600, batch=1)
+    assert linear_block(600) == 256
+    with recording() as taken:
+        out = attention(q, k, v, plan, "auto")
+    assert dict(taken) == {"split-linear": 1} and len(merges) == 2
+    torch.testing.assert_close(out, attention(q, k, v, plan, "reference"), rtol=1e-5, atol=1e-5)
 
 
 @torch.no_grad()
 def test_split_is_exact_for_default_options_at_long_range():
     """Default horizons (xl 128, t5 ~113, shaw 16) and ALiBi at a length well past them."""
-    for name in ("xl", "t5", "alibi", "shaw"):
+    for name, path in (("xl", "split"), ("t5", "split"), ("shaw", "split"), ("alibi", "split-linear")):
         enc = encoding(name)
-        q, k, v = qkv(300, 300, batch=1)
-        ref = attention(q, k, v, position=enc, backend="reference")
-        torch.testing.assert_close(attention(q, k, v, position=enc, backend="split"), ref, rtol=1e-5, atol=1e-5)
+        q, k, v, plan = prepared(enc, 300, 300, batch=1)
+        with recording() as taken:
+            out = attention(q, k, v, plan, "split")
+        assert dict(taken) == {path: 1}, name
+        torch.testing.assert_close(out, attention(q, k, v, plan, "reference"), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("spec", ["alibi", "xl:k=5", "shaw:k=3", "rope"])
+def test_resolve_names_every_case_where_split_cannot_split():
+    """The five cases the split backend used to fall back silently in, each resolved by name."""
+    q_long, _, _, plan_xl = prepared(encoding("xl:k=5"), LONG, LONG)
+    assert resolve("split", plan_xl, q_long, LONG, grad=False) == "split"
+    q_short, _, _, plan_short = prepared(encoding("xl:k=5"), 40, 40)        # 40 < horizon 5 + band block 64
+    assert resolve("split", plan_short, q_short, 40, grad=False) == "chunked"
+    q_rect, _, _, plan_rect = prepared(encoding("xl:k=5"), 9, LONG)         # q_len != k_len
+    assert resolve("split", plan_rect, q_rect, LONG, grad=False) == "chunked"
+    q_meta = torch.empty(1, H, LONG, D, device="meta")                       # not on the CPU
+    assert resolve("split", plan_xl, q_meta, LONG, grad=False) == "chunked"
+    q_k, _, _, plan_kerple = prepared(encoding("kerple-log"), LONG, LONG)     # no horizon
+    assert resolve("split", plan_kerple, q_k, LONG, grad=False) == "chunked"
+    assert resolve("split", None, q_long, LONG, grad=False) == "sdpa"        # no bias
+    q_a, _, _, plan_a = prepared(encoding("alibi"), 37, 37)
+    assert resolve("split", plan_a, q_a, 37, grad=False) == "split-linear"
+    assert resolve("auto", plan_short, q_short, 40, grad=False) == "chunked"
+    assert resolve("auto", plan_xl, q_long, LONG, grad=False) == "split"
+    assert resolve("auto", plan_xl, q_long, LONG, grad=True) == "chunked"
+    assert resolve("auto", None, q_long, LONG, grad=True) == "sdpa"
+
+
+def test_split_path_refuses_inputs_it_cannot_split():
+    q, k, v, plan = prepared(encoding("xl:k=5"), 40, 40)
+    with pytest.raises(ValueError, match="far key block"):
+        split_attention(q, k, v, plan)
+
+
+@pytest.mark.parametrize("spec", ["alibi", "xl:k=5", "shaw:k=3", "rope", "fire", "kerple-log"])
 @torch.no_grad()
 def test_flex_matches_reference(spec):
     enc = encoding(spec)
-    q, k, v = qkv(64, 64, batch=1)
-    q, k = enc.rotate(q, k)
-    ref = attention(q, k, v, position=enc, backend="reference")
-    torch.testing.assert_close(attention(q, k, v, position=enc, backend="flex"), ref, rtol=1e-4, atol=1e-4)
+    q, k, v, plan = prepared(enc, 64, 64, batch=1)
+    ref = attention(q, k, v, plan, "reference")
+    with recording() as taken:
+        out = attention(q, k, v, plan, "flex")
+    assert dict(taken) == {"flex": 1}
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("spec", ["xl:k=5", "t5:num_buckets=8,max_distance=12", "shaw:k=3", "alibi"])
+@pytest.mark.parametrize("spec", ["xl:k=5", "t5:num_buckets=8,max_distance=12", "shaw:k=3", "alibi",
+                                  "transformer-xl", "fire", "dynamic"])
 def test_chunked_gradients_match_reference(spec):
     enc = encoding(spec)
     grads = {}
     for backend in ("reference", "chunked"):
         enc.zero_grad()
         q, k, v = (t.requires_grad_() for t in qkv(21, 21))
-        out = attention(q, k, v, position=enc, backend=backend)
+        q_rot, k_rot, plan = enc.prepare(q, k)
+        out = attention(q_rot, k_rot, v, plan, backend)
         (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
         grads[backend] = [q.grad, k.grad, v.grad] + [p.grad for p in enc.parameters()]
     for got, want in zip(grads["chunked"], grads["reference"]):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_chunked_uses_its_block_size_and_skips_future_keys(monkeypatch):
+    """chunked_attention with block b calls the kernel ceil(L / b) times, each block against only
+    the keys up to its last query."""
+    calls = []
+    original = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda q, k, v, **kw: calls.append((q.shape[-2], k.shape[-2])) or original(q, k, v, **kw))
+    q, k, v, plan = prepared(encoding("xl:k=5"), 29, 29)
+    chunked_attention(q, k, v, plan, block=8)
+    assert calls == [(8, 8), (8, 16), (8, 24), (5, 29)]
 
 
 def test_toeplitz_gradient_is_the_diagonal_sum():
@@ -99,22 +222,42 @@ def test_toeplitz_gradient_is_the_diagonal_sum():
 
 
 def test_auto_never_materialises_a_square_bias_for_long_inference(monkeypatch):
-    """At inference the default path for biased variants is split: no (H, L, L) tensor."""
-    enc = encoding("xl")
-    q, k, v = qkv(64, 64, batch=1)
-    calls = []
-    original = type(enc.plan(2, 2)).full
-    monkeypatch.setattr(type(enc.plan(2, 2)), "full", lambda self: calls.append(1) or original(self))
-    with torch.no_grad():
-        attention(q, k, v, position=enc, backend="auto")
-    assert not calls
+    """At inference past the horizon the default path for xl is the split: no (H, L, L) tensor, no
+    full-width block."""
+    enc = encoding("xl")                                             # default horizon 128
+    q, k, v, plan = prepared(enc, 256, 256, batch=1)
+    widest = []
+    original = type(plan).block
+    monkeypatch.setattr(type(plan), "block", lambda self, *a: widest.append(a[3] - a[2]) or original(self, *a))
+    monkeypatch.setattr(type(plan), "full", lambda self: pytest.fail("materialised the square bias"))
+    with torch.no_grad(), recording() as taken:
+        attention(q, k, v, plan, "auto")
+    assert dict(taken) == {"split": 1}
+    assert widest and max(widest) < 256
 
 
 def test_split_refuses_to_drop_gradients():
     enc = encoding("xl:k=5")
-    q, k, v = qkv(16, 16)
+    q, k, v = (t.requires_grad_() for t in qkv(LONG, LONG))
+    q, k, plan = enc.prepare(q, k)
     with pytest.raises(UsageError, match="inference only"):
-        attention(q, k, v, position=enc, backend="split")
+        attention(q, k, v, plan, "split")
+
+
+def test_check_reads_declared_capabilities_without_building_anything(monkeypatch):
+    monkeypatch.setattr(PositionEncoding, "plan", lambda *a, **k: pytest.fail("check built a plan"))
+    for name in positions.names():
+        monkeypatch.setattr(positions.get(name), "plan", lambda *a, **k: pytest.fail("check built a plan"))
+    with pytest.raises(UsageError, match="per-query dot product"):
+        check("flex", positions.scheme("transformer-xl"), device="cpu")
+    with pytest.raises(UsageError, match="neither"):
+        check("split", positions.scheme("kerple-log"))
+    with pytest.raises(UsageError, match="neither"):
+        check("split", positions.scheme("fire"))
+    for name in ("xl", "t5", "t5-log2", "shaw", "alibi", "rope", "none", "learned"):
+        assert check("split", positions.scheme(name)) == "split"
+    assert check("flex", positions.scheme("shaw"), device="cuda", training=True) == "flex"
+    assert check("auto", positions.scheme("transformer-xl"), device="cuda") == "auto"
 
 
 def test_check_rejects_impossible_combinations():
@@ -122,6 +265,22 @@ def test_check_rejects_impossible_combinations():
         check("flex", device="cpu", training=True)
     with pytest.raises(UsageError, match="inference only"):
         check("split", training=True)
+    with pytest.raises(UsageError, match="runs on CPU"):
+        check("split", device="cuda")
     with pytest.raises(UsageError, match="did you mean"):
         check("chunkd")
-    assert set(BACKENDS) >= {"auto", "reference", "sdpa", "chunked", "split", "flex"}
+    with pytest.raises(UsageError, match="did you mean"):
+        attention(*qkv(4, 4), backend="chunkd")
+    assert BACKENDS == ("auto", "reference", "sdpa", "chunked", "split", "flex")
+
+
+def test_recording_counts_one_call_per_layer_in_a_model():
+    from relbench.model import GPT, ModelConfig
+
+    model = GPT(ModelConfig(vocab_size=32, d_model=32, n_layers=3, n_heads=4, train_length=16, position="xl:k=4"))
+    with torch.no_grad(), recording() as taken:
+        model(torch.zeros(1, 100, dtype=torch.long))
+    assert dict(taken) == {"split": 3}
+    with torch.no_grad(), recording() as taken:
+        model(torch.zeros(1, 40, dtype=torch.long))
+    assert dict(taken) == {"chunked": 3}

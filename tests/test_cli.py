@@ -35,6 +35,11 @@ def test_chain_train_extrapolate_report(trained):
     assert (ok["ppl"] > 1).all() and (ok["ppl"] < 256).all()
     assert (ok["n_tokens"] == ok["n_tokens"].iloc[0]).all()  # the same scored tokens at every length and mode
     assert (ok["attention_ms"] > 0).all()
+    # the path each model's attention really took under --attention auto: ALiBi's linear split; xl's
+    # horizon (128) leaves no far keys at these lengths, so the split would be chunked anyway
+    assert set(ok[ok["variant"] == "alibi"]["path"]) == {"split-linear"}
+    assert set(ok[ok["variant"] == "xl"]["path"]) == {"chunked"}
+    assert set(ok[ok["variant"] == "learned"]["path"]) == {"sdpa"}
     sliding = ok[ok["mode"] == "sliding"]
     assert (sliding["stride"] == 16).all() and (sliding["window"] == sliding["length"]).all()
     nonoverlap_128 = ok[(ok["mode"] == "nonoverlap") & (ok["length"] == 128)]
@@ -50,6 +55,7 @@ def test_chain_train_extrapolate_report(trained):
     assert "Perplexity" in result.output and "alibi" in result.output and "unsupported" in result.output
     report = (trained / "report.md").read_text()
     assert "| alibi |" in report and "L=128" in report and "sliding, stride 16" in report
+    assert "[split-linear]" in report and "[chunked]" in report    # the cost table names the path
     assert "±" in report  # two seeds: intervals
     pivot = pd.read_csv(trained / "extrapolation_pivot.csv")
     alibi = pivot[(pivot["variant"] == "alibi") & (pivot["mode"] == "nonoverlap")].iloc[0]
@@ -190,9 +196,15 @@ def test_profile_writes_rows_and_report_shows_them(tmp_path):
     reference = rows[rows["backend"] == "reference"]
     assert reference["train_ms"].notna().all()           # the reference path trains; split does not
     assert rows[rows["backend"] == "split"]["train_ms"].isna().all()
+    # the path that ran: xl's horizon (128) leaves nothing to split at 64, so its split is chunked
+    paths = rows.set_index(["variant", "backend"])["path"]
+    assert paths["xl", "split"] == "chunked" and paths["alibi", "split"] == "split-linear"
+    assert paths["xl", "reference"] == "reference"
+    assert rows[rows["backend"] == "reference"]["train_path"].eq("reference").all()
     result = run("report", "--run-dir", tmp_path)
     assert result.exit_code == 0, result.output
     assert "forward+backward" in (tmp_path / "report.md").read_text()
+    assert "[chunked]" in (tmp_path / "report.md").read_text()
     assert (tmp_path / "plots" / "attention_cost.png").stat().st_size > 1000
 
 

@@ -4,18 +4,22 @@ import pytest
 import torch
 
 from relbench import positions
-from relbench.attention import attention, choose
+from relbench.attention import attention, choose, recording
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 SPECS = ["xl", "t5", "alibi", "shaw", "rope", "none"]
 
 
 def setup(spec, length=256, batch=2, heads=4, head_dim=32):
-    enc = positions.build_spec(spec, n_heads=heads, head_dim=head_dim, train_length=length).cuda()
+    """The same encoding and inputs on every call: parameters drawn from seeded generators (not the
+    global one, which a second call in the same test would have moved on), then moved to the GPU."""
+    enc = positions.build_spec(spec, n_heads=heads, head_dim=head_dim, train_length=length)
     enc.reset_parameters(torch.Generator().manual_seed(0))
+    g = torch.Generator().manual_seed(2)
     with torch.no_grad():
         for p in enc.parameters():
-            p.normal_(0, 0.5)
+            p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+    enc = enc.cuda()
     g = torch.Generator(device="cuda").manual_seed(1)
     q, k, v = (torch.randn(batch, heads, length, head_dim, device="cuda", generator=g) for _ in range(3))
     return enc, q, k, v
@@ -24,12 +28,16 @@ def setup(spec, length=256, batch=2, heads=4, head_dim=32):
 @cuda
 @pytest.mark.parametrize("spec", SPECS)
 @pytest.mark.parametrize("backend", ["sdpa", "chunked", "flex"])
+@torch.no_grad()
 def test_cuda_forward_matches_reference(spec, backend):
     enc, q, k, v = setup(spec)
-    q, k = enc.rotate(q, k)
-    with torch.no_grad():
-        ref = attention(q, k, v, position=enc, backend="reference")
-        torch.testing.assert_close(attention(q, k, v, position=enc, backend=backend), ref, rtol=2e-3, atol=2e-3)
+    q, k, plan = enc.prepare(q, k)
+    assert (plan is None) == (not enc.adds_bias)
+    ref = attention(q, k, v, plan, "reference")
+    with recording() as taken:
+        out = attention(q, k, v, plan, backend)
+    assert dict(taken) == {backend: 1}
+    torch.testing.assert_close(out, ref, rtol=2e-3, atol=2e-3)
 
 
 @cuda
@@ -39,14 +47,27 @@ def test_cuda_flex_gradients_match_reference(spec):
     for backend in ("reference", "flex"):
         enc, q, k, v = setup(spec)
         q, k, v = (t.requires_grad_() for t in (q, k, v))
-        out = attention(q, k, v, position=enc, backend=backend)
+        q_rot, k_rot, plan = enc.prepare(q, k)
+        with recording() as taken:
+            out = attention(q_rot, k_rot, v, plan, backend)
+        assert dict(taken) == {backend: 1}
         (out * torch.linspace(-1, 1, out.numel(), device="cuda").view_as(out)).sum().backward()
         grads[backend] = [q.grad, k.grad, v.grad] + [p.grad for p in enc.parameters()]
+    assert all(g is not None for g in grads["reference"])
     for got, want in zip(grads["flex"], grads["reference"]):
         torch.testing.assert_close(got, want, rtol=5e-3, atol=5e-3)
 
 
 @cuda
-def test_auto_uses_flex_for_biases_on_cuda():
-    enc, q, k, v = setup("xl")
-    assert choose(enc.plan(256, 256), q, 256, grad=True) == "flex"
+@pytest.mark.parametrize("spec, path", [("xl", "flex"), ("shaw", "flex"), ("transformer-xl", "chunked"),
+                                        ("rope", "sdpa")])
+def test_auto_uses_flex_for_biases_with_a_score_mod_on_cuda(spec, path):
+    """On CUDA, auto runs flex for a plan with a score_mod, chunked for transformer-xl's per-query
+    position term (no score_mod), sdpa without a bias; training (gradients) included."""
+    enc, q, k, v = setup(spec)
+    q_rot, k_rot, plan = enc.prepare(q.requires_grad_(), k)
+    assert (plan is not None and plan.has_score_mod) == (path == "flex")
+    assert choose(plan, q_rot, 256, grad=True) == path
+    with recording() as taken:
+        attention(q_rot, k_rot, v, plan, "auto").sum().backward()
+    assert dict(taken) == {path: 1}

@@ -81,3 +81,27 @@ def test_t5_table_is_shared_by_layers_and_xl_is_per_layer():
 def test_spec_options_reach_the_encoding():
     model = tiny("xl:k=5")
     assert model.position(0).k == 5 and model.position(0).table.shape == (11, 4)
+
+
+@pytest.mark.parametrize("name", [n for n in positions.names() if n != "fire"])
+@pytest.mark.parametrize("grad", [False, True])
+def test_forward_builds_nothing_on_the_cpu_when_the_model_is_elsewhere(name, grad):
+    """The meta device stands in for CUDA: a model moved there must run its forward (inference and
+    training paths) without any tensor made on the CPU, probes included; mixing devices raises.
+    (FIRE's exact piecewise-linear curve sorts its kinks, a data-dependent step meta cannot run.)"""
+    model = GPT(ModelConfig(vocab_size=32, d_model=32, n_layers=2, n_heads=4, train_length=16, position=name))
+    model = model.to("meta")
+    with torch.set_grad_enabled(grad):
+        logits = model(torch.zeros(2, 24 if model.max_length is None else 16, dtype=torch.long, device="meta"))
+    assert logits.device.type == "meta" and logits.shape[-1] == 32
+
+
+@pytest.mark.parametrize("name", ["shaw", "transformer-xl", "alibi", "none"])
+def test_memory_check_before_evaluation_builds_no_probe(name):
+    """extrapolate's fit check on a model already on its device (meta standing in for CUDA) reads
+    the scheme's declared adds_bias; the old probe built CPU queries and crashed for shaw and
+    transformer-xl."""
+    from relbench import extrapolate
+
+    model = GPT(ModelConfig(vocab_size=32, d_model=32, n_layers=2, n_heads=4, train_length=16, position=name))
+    assert extrapolate._unfit(model.to("meta"), 64, 1, "reference", torch.device("meta")) is None

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from relbench import positions
-from relbench.attention import attention, check
+from relbench.attention import attention, check, recording
 from relbench.errors import UsageError
 
 H, D = 4, 8
@@ -83,24 +83,74 @@ def test_fire_values():
     assert not torch.allclose(late[:, 1000, 990], late[:, 1900, 1890])
 
 
-def test_xpos_scale_values_and_relative_decay():
+def test_xpos_scale_values():
     from relbench.positions.xpos import xpos_scale
 
     scale = xpos_scale(torch.tensor([0, 512, -512]), head_dim=4)
     zeta = torch.tensor([0.4 / 1.4, (0.5 + 0.4) / 1.4])
     expected = torch.stack([torch.ones(2), zeta, 1 / zeta])
     torch.testing.assert_close(scale, torch.cat((expected, expected), dim=-1))
-    enc = build("xpos")
-    ones = torch.ones(1, H, 1, D)
-    # a query at position n and a key at m: q.k = sum_c zeta_c^((n-m)/512) x rotation
-    q, k = enc.rotate(ones.expand(1, H, 600, D).clone(), ones.expand(1, H, 600, D).clone())
-    near, far = (q[0, 0, 599] * k[0, 0, 598]).sum(), (q[0, 0, 599] * k[0, 0, 0]).sum()
-    assert far.abs() < near.abs()
 
 
-def test_dynamic_starts_unbiased_and_is_log_scaled():
+def _same_vector_products(enc, pair, q_len, k_len):
+    """(H, q_len, k_len) q_n . k_m after enc.rotate, for the same vector x as query and key at
+    every position: x = 0.6 e_c + 0.8 e_(c + D/2) (|x|^2 = 1) on channel pair c = `pair` only."""
+    x = torch.zeros(D)
+    x[pair], x[pair + D // 2] = 0.6, 0.8
+    q_rot, k_rot = enc.rotate(x.expand(1, H, q_len, D).clone(), x.expand(1, H, k_len, D).clone())
+    return (q_rot[0] @ k_rot[0].transpose(-2, -1)).double()
+
+
+@pytest.mark.parametrize("q_len, k_len", [(600, 600), (7, 600)])
+def test_xpos_decays_by_zeta_per_channel_pair_and_rope_does_not(q_len, k_len):
+    """The same vector as query and key at every position, on one channel pair c (channels c and
+    c + D/2, the NeoX layout): both schemes rotate the pair by (n - m) theta_c, theta_c =
+    10000^(-2c/D), so RoPE gives q_n . k_m = cos((n - m) theta_c), and xPos multiplies it by
+    zeta_c^((n - m) / 512), zeta_c = (2c/D + 0.4) / 1.4: by hand, for D = 8, 0.4/1.4, 0.65/1.4,
+    0.9/1.4, 1.15/1.4. Queries are the last q_len of k_len positions."""
+    zetas = [0.4 / 1.4, 0.65 / 1.4, 0.9 / 1.4, 1.15 / 1.4]
+    distance = (torch.arange(k_len - q_len, k_len)[:, None] - torch.arange(k_len)[None, :]).double()   # n - m
+    causal = distance >= 0
+    xpos, rope = build("xpos"), build("rope")
+    for pair, zeta in enumerate(zetas):
+        plain = torch.cos(distance * 10000.0 ** (-2 * pair / D))                  # RoPE, by hand
+        decayed = plain * zeta ** (distance / 512)                                 # xPos, by hand
+        for enc, want in ((rope, plain), (xpos, decayed)):
+            got = _same_vector_products(enc, pair, q_len, k_len)
+            torch.testing.assert_close(got[:, causal], want.expand_as(got)[:, causal], rtol=1e-4, atol=1e-5,
+                                       msg=f"{enc.name}, channel pair {pair}")
+    # the factor itself, xPos over RoPE: 1 at n - m = 0, zeta_c at n - m = 512, zeta_c^(1/2) at 256
+    pair = D // 2 - 1                   # the slowest pair: cos((n - m) theta) stays far from 0 up to 512
+    ratio = _same_vector_products(xpos, pair, q_len, k_len) / _same_vector_products(rope, pair, q_len, k_len)
+    got = ratio[:, -1, [-1, -257, -513]]                                           # last query, n - m = 0, 256, 512
+    want = torch.tensor([1.0, zetas[pair] ** 0.5, zetas[pair]], dtype=torch.float64)
+    torch.testing.assert_close(got, want.expand_as(got), rtol=1e-4, atol=1e-6)
+
+
+def test_dynamic_starts_unbiased_inside_a_gpt_and_is_log_scaled():
+    """Inside a GPT, which initialises every module (position modules included): the bias each
+    layer adds at initialisation is exactly zero, while the MLP is not dead (its hidden layer is
+    drawn, and its zero last layer gets a gradient), so training starts unbiased and can move."""
+    from relbench.model import GPT, ModelConfig
+
+    layers, length = 3, 40
+    model = GPT(ModelConfig(vocab_size=64, d_model=32, n_layers=layers, n_heads=H, train_length=64,
+                            position="dynamic"), seed=0)
+    assert len(model.positions) == layers                                          # one MLP per layer
+    plans = {}
+    tokens = torch.randint(0, 64, (2, length), generator=torch.Generator().manual_seed(0))
+    logits = model(tokens, observe=lambda layer, q, k, plan: plans.__setitem__(layer, plan))
+    assert sorted(plans) == list(range(layers))
+    for layer, plan in plans.items():
+        bias = plan.full()
+        assert bias.shape == (H, length, length)
+        assert torch.equal(bias, torch.zeros_like(bias)), f"layer {layer} starts biased"
+        hidden = model.position(layer).mlp[0]
+        assert hidden.weight.abs().sum() > 0 and hidden.bias.abs().sum() > 0
+    logits.logsumexp(-1).sum().backward()
+    for layer in range(layers):
+        assert model.position(layer).mlp[-1].weight.grad.abs().sum() > 0
     enc = build("dynamic")
-    assert enc.distance_bias(torch.arange(10)).abs().max() == 0
     torch.testing.assert_close(enc.features(torch.tensor([0, 1, -3])), torch.tensor([0, math.log(2), -math.log(4)]))
 
 
@@ -110,8 +160,8 @@ def test_transformer_xl_matches_the_formula():
         for p in enc.parameters():
             p.normal_(0, 0.5)
     q, k = torch.randn(1, H, 5, D), torch.randn(1, H, 5, D)
-    q_u, k_same = enc.rotate(q, k)
-    bias = enc.plan(5, 5, q_u).full()                                         # (1, H, 5, 5)
+    q_u, k_same, plan = enc.prepare(q, k)                                      # plan from q, then q + u
+    bias = plan.full()                                         # (1, H, 5, 5)
     R = positions.absolute.sinusoid_table(5, H * D)
     for i in range(5):
         for j in range(i + 1):
@@ -157,9 +207,12 @@ def test_flex_matches_reference_for_the_zoo(name):
     enc = build(name)
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(1, H, 64, D, generator=g) for _ in range(3))
-    q, k = enc.rotate(q, k)
-    ref = attention(q, k, v, position=enc, backend="reference")
-    torch.testing.assert_close(attention(q, k, v, position=enc, backend="flex"), ref, rtol=1e-4, atol=1e-4)
+    q, k, plan = enc.prepare(q, k)
+    ref = attention(q, k, v, plan, "reference")
+    with recording() as taken:
+        out = attention(q, k, v, plan, "flex")
+    assert dict(taken) == {"flex": 1}
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -3,7 +3,7 @@
     from relbench import positions
     positions.names()                          # every registered variant
     enc = positions.build("xl", n_heads=8)     # unknown name -> RelbenchError listing the names
-    enc.bias(q_len, k_len)                     # (H, q_len, k_len), or None
+    enc.plan(q_len, k_len)                     # its bias, or None (see positions/plan.py)
 """
 
 from relbench.positions import (  # noqa: F401  (importing a module registers its variants)
@@ -12,12 +12,12 @@ from relbench.positions.base import (  # noqa: F401
     PositionEncoding,
     RelativeBias,
     UnsupportedLength,
-    adds_bias,
     build,
     build_spec,
     get,
     names,
     parse_spec,
     register,
+    scheme,
     training_options,
 )

@@ -31,7 +31,17 @@ class PositionEncoding(nn.Module):
     formula: ClassVar[str] = ""              # one line, shown by `relbench variants`
     shared_across_layers: ClassVar[bool] = True   # one instance serves every layer (T5, ALiBi, absolute)
     relative: ClassVar[bool] = False         # attention depends on positions only through i - j
-    content_dependent: ClassVar[bool] = False  # the bias depends on the queries (Shaw)
+
+    # ---- capabilities: facts about the scheme, declared per class, that backends and commands read
+    # without building anything. tests/test_positions.py checks every registered variant against
+    # what its plan and rotation really do.
+    adds_bias: ClassVar[bool] = False        # plan() returns a BiasPlan: a term added to the logits
+    rotates: ClassVar[bool] = False          # rotate() transforms q and k (RoPE, xPos, transformer-xl's u)
+    content_dependent: ClassVar[bool] = False  # the bias depends on the queries: plan() needs q (Shaw)
+    distance_only: ClassVar[bool] = False    # the bias is a function of i - j alone (a Toeplitz matrix)
+    has_horizon: ClassVar[bool] = False      # beyond some distance the bias is constant along a query row
+    linear: ClassVar[bool] = False           # the causal bias is exactly -slope_h * (i - j) (ALiBi)
+    has_score_mod: ClassVar[bool] = False    # the plan can be written as a FlexAttention score_mod
 
     def __init__(self, n_heads: int, head_dim: int, d_model: int, train_length: int):
         super().__init__()
@@ -51,31 +61,26 @@ class PositionEncoding(nn.Module):
         return None
 
     def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-        """Position-dependent transform of q (B, H, Lq, D) and k (B, H, Lk, D); identity here."""
+        """Position-dependent transform of q (B, H, Lq, D) and k (B, H, Lk, D) for the content term
+        q.k; identity here. Schemes that override it declare `rotates`."""
         return q, k
 
     def plan(self, q_len: int, k_len: int, q: Tensor | None = None) -> BiasPlan | None:
-        """The additive logits bias for queries q (B, H, q_len, D) over k_len keys, as a BiasPlan
-        (see positions/plan.py), or None when the scheme adds no bias. Content-independent
-        schemes ignore q, so one plan can serve every layer that shares the scheme."""
+        """The additive logits bias for q_len queries over k_len keys, as a BiasPlan (see
+        positions/plan.py), or None when the scheme adds no bias. `q` (B, H, q_len, D) are the
+        queries as projected, BEFORE `rotate`: a content-dependent scheme (declares
+        `content_dependent`) needs them; the others ignore q, so that one plan can serve every
+        layer that shares the scheme."""
         return None
 
-    def adds_bias(self) -> bool:
-        """Whether this scheme adds a term to the attention logits (a plan exists)."""
-        return self.plan(2, 2, torch.zeros(1, self.n_heads, 2, self.head_dim)) is not None
-
-    def bias(self, q_len: int, k_len: int) -> Tensor | None:
-        """(H, q_len, k_len) additive logits bias that does not depend on content, or None."""
-        if self.content_dependent:
-            return None
-        plan = self.plan(q_len, k_len)
-        return None if plan is None else plan.full()
-
-    def query_bias(self, q: Tensor, k_len: int) -> Tensor | None:
-        """(B, H, Lq, k_len) additive logits bias that depends on the queries (Shaw), or None."""
-        if not self.content_dependent:
-            return None
-        return self.plan(q.shape[-2], k_len, q).full()
+    def prepare(self, q: Tensor, k: Tensor, plan: BiasPlan | None = None) -> tuple[Tensor, Tensor, BiasPlan | None]:
+        """Everything attention needs from the scheme, in the one order every caller uses: the plan
+        from the projected queries (unless the caller passes one it built for several layers), then
+        the rotation of q and k. Returns (q, k, plan) for `attention.attention`."""
+        if plan is None and self.adds_bias:
+            plan = self.plan(q.shape[-2], k.shape[-2], q)
+        q, k = self.rotate(q, k)
+        return q, k, plan
 
     def reset_parameters(self, generator: torch.Generator) -> None:
         """Initialise the scheme's own parameters from `generator` (deterministic per seed)."""
@@ -92,11 +97,6 @@ class PositionEncoding(nn.Module):
         if self.max_length is not None and length > self.max_length:
             raise UnsupportedLength(
                 f'"{self.name}" represents positions below {self.max_length} only; length {length} is beyond it')
-
-    @staticmethod
-    def query_positions(q_len: int, k_len: int, device=None) -> Tensor:
-        """Absolute positions of the queries: the last q_len of k_len."""
-        return torch.arange(k_len - q_len, k_len, device=device)
 
     @classmethod
     def options(cls) -> dict[str, inspect.Parameter]:
@@ -120,6 +120,9 @@ class RelativeBias(PositionEncoding, abc.ABC):
 
     family = "relative bias"
     relative = True
+    adds_bias = True
+    distance_only = True
+    has_score_mod = True
 
     @abc.abstractmethod
     def distance_bias(self, distance: Tensor) -> Tensor:
@@ -249,11 +252,7 @@ def build_spec(spec: str, **shape: Any) -> PositionEncoding:
     return build(name, **shape, **options)
 
 
-def adds_bias(spec: str, head_dim: int = 64) -> bool:
-    """Whether the variant adds a term to the attention logits (a property of the variant, so a
-    two-head instance tells); True when it cannot be built, so that callers stay cautious."""
-    try:
-        enc = build_spec(spec, n_heads=2, head_dim=head_dim)
-    except RelbenchError:
-        return True
-    return enc.adds_bias()
+def scheme(spec: str) -> type[PositionEncoding]:
+    """The class a variant spec names ("xl:k=64" -> the `xl` class): its declared capabilities
+    (adds_bias, rotates, has_horizon, ...) hold whatever the options."""
+    return get(_parse(spec)[0])

@@ -74,6 +74,8 @@ class Fire(PositionEncoding):
     family = "relative bias (position-normalised)"
     formula = "b = MLP(psi(i-j) / psi(max(L, i))), psi(x) = log(c x + 1), c, L, MLP learned"
     shared_across_layers = False
+    adds_bias = True
+    has_score_mod = True
 
     def __init__(self, n_heads: int, head_dim: int, d_model: int, train_length: int, width: int = 32,
                  threshold_ratio: float = PAPER_THRESHOLD_RATIO):

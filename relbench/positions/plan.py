@@ -88,6 +88,11 @@ class BiasPlan(abc.ABC):
         return None
 
     @property
+    def has_score_mod(self) -> bool:
+        """Whether this kind of plan has a score_mod: declared by overriding `score_mod`."""
+        return type(self).score_mod is not BiasPlan.score_mod
+
+    @property
     @abc.abstractmethod
     def requires_grad(self) -> bool:
         """Whether gradients flow into the plan (learned parameters, or queries for Shaw)."""

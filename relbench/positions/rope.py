@@ -35,6 +35,7 @@ class Rotary(PositionEncoding):
     family = "rotary"
     formula = "q_i, k_j rotated by angle p * 10000^(-2c/d)  =>  q_i.k_j depends on i - j"
     relative = True
+    rotates = True
 
     def __init__(self, n_heads: int, head_dim: int, d_model: int, train_length: int, base: float = 10000.0):
         super().__init__(n_heads, head_dim, d_model, train_length)

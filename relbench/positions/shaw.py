@@ -58,7 +58,10 @@ class Shaw(PositionEncoding):
     formula = "e_ij += q_i . a_K[clamp(j-i, -k, k)] / sqrt(d), a_K learned (2k+1, d), k = 16"
     shared_across_layers = False
     relative = True
+    adds_bias = True
     content_dependent = True
+    has_horizon = True          # keys beyond the clip distance all read the edge vector
+    has_score_mod = True
 
     def __init__(self, n_heads: int, head_dim: int, d_model: int, train_length: int, k: int = 16):
         super().__init__(n_heads, head_dim, d_model, train_length)

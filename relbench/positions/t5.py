@@ -45,6 +45,7 @@ class T5Bias(RelativeBias):
 
     formula = "b = T[bucket(i-j), h]; 16 exact buckets, 16 log-spaced to 128, then constant"
     shared_across_layers = True
+    has_horizon = True
 
     def __init__(self, n_heads: int, head_dim: int, d_model: int, train_length: int,
                  num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = False):
@@ -97,6 +98,7 @@ class T5Log2(RelativeBias):
 
     formula = "b = T[min(1 + floor(log2(i-j)), 11), h], T[0] at distance 0; shared by layers"
     shared_across_layers = True
+    has_horizon = True
 
     def __init__(self, n_heads: int, head_dim: int, d_model: int, train_length: int, max_distance: int = 1024):
         super().__init__(n_heads, head_dim, d_model, train_length)

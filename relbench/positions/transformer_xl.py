@@ -35,7 +35,7 @@ class TransformerXLPlan(BiasPlan):
 
     def block(self, q_start: int, q_end: int, k_start: int, k_end: int) -> Tensor:
         distance = distance_grid(q_start, q_end, k_start, k_end, self.query.device).clamp(min=0)  # future keys: masked
-        low, high = int(distance.min()), int(distance.max())
+        low, high = max(0, q_start - (k_end - 1)), max(0, q_end - 1 - k_start)                  # its min and max
         rows = self.query[..., q_start - self.offset: q_end - self.offset, :]                    # (B, H, bq, D)
         scores = rows @ self.projected[:, low: high + 1].transpose(-2, -1)                        # (B, H, bq, span)
         index = (distance - low).expand(*scores.shape[:-1], distance.shape[-1])
@@ -54,6 +54,8 @@ class TransformerXL(PositionEncoding):
     formula = "e_ij = (q_i+u).k_j + (q_i+v).W_R R(i-j), R sinusoidal, W_R, u, v learned"
     shared_across_layers = False
     relative = True
+    adds_bias = True
+    rotates = True              # adds u to the queries of the content term
     content_dependent = True
 
     def __init__(self, n_heads: int, head_dim: int, d_model: int, train_length: int):
@@ -68,11 +70,12 @@ class TransformerXL(PositionEncoding):
         return q + self.u[:, None, :].to(q.dtype), k      # (a) + (c): (q + u) . k
 
     def plan(self, q_len: int, k_len: int, q: Tensor | None = None) -> TransformerXLPlan:
+        """(b) + (d) from the projected queries q (before `rotate` adds u, as for every scheme)."""
         if q is None:
             raise UsageError("transformer-xl's position terms depend on the queries: build its plan with q")
         encodings = sinusoid_table(k_len, self.d_model, device=q.device).to(self.W_R.weight.dtype)   # (Lk, d_model)
         projected = self.W_R(encodings).view(k_len, self.n_heads, self.head_dim).transpose(0, 1)    # (H, Lk, D)
-        query = q - self.u[:, None, :].to(q.dtype) + self.v[:, None, :].to(q.dtype)                # q + v
+        query = q + self.v[:, None, :].to(q.dtype)                                                 # q + v
         return TransformerXLPlan(query, projected.to(q.dtype), q_len, k_len)
 
     def reset_parameters(self, generator: torch.Generator) -> None:

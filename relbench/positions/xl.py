@@ -43,6 +43,7 @@ class ClippedTable(RelativeBias):
 
     formula = "b = T[clamp(i-j, -k, k) + k, h], T learned (2k+1, H), k = 128"
     shared_across_layers = False
+    has_horizon = True
 
     def __init__(self, n_heads: int, head_dim: int, d_model: int, train_length: int,
                  k: int = 128, shared_heads: bool = False, log_from: int = 0, log_buckets: int = 16):

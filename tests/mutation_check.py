@@ -1,0 +1,118 @@
+"""Mutation check of the attention core: each mutation breaks the code on purpose (a bias sign
+flipped, a query offset shifted by one, a causal mask dropped) in a copy of the package, runs the
+core tests against the copy, and expects at least one test to fail. A mutation the tests do not
+notice ("survived") is a gap in the tests.
+
+    python tests/mutation_check.py              # every mutation, the core tests; exits 1 if any survives
+    python tests/mutation_check.py --list       # the mutations
+    python tests/mutation_check.py -k offset    # the mutations whose name contains "offset"
+
+Not collected by pytest (its name does not start with test_); it takes a few minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CORE_TESTS = ["tests/test_attention.py", "tests/test_positions.py", "tests/test_zoo.py", "tests/test_model.py",
+              "tests/test_faithful.py"]
+
+# (name, file, the exact text, what replaces it): each text occurs exactly once in its file
+MUTATIONS = [
+    ("bias sign flipped on the reference path", "relbench/attention.py",
+     "scores = scores + plan.full().to(scores.dtype)", "scores = scores - plan.full().to(scores.dtype)"),
+    ("bias sign flipped in every distance plan", "relbench/positions/plan.py",
+     "return toeplitz(self.values, first, q_end - q_start, k_end - k_start)",
+     "return -toeplitz(self.values, first, q_end - q_start, k_end - k_start)"),
+    ("ALiBi slope sign flipped", "relbench/positions/alibi.py",
+     "return -self.slopes.view(", "return self.slopes.view("),
+    ("sign of the far keys' constant flipped on the split path", "relbench/attention.py",
+     "far_lse = far_lse + plan.tail(horizon, n)", "far_lse = far_lse - plan.tail(horizon, n)"),
+    ("query offset +1 on the chunked path", "relbench/attention.py",
+     "    offset = k_len - q_len\n    outputs = []", "    offset = k_len - q_len + 1\n    outputs = []"),
+    ("query offset +1 in the distance plan", "relbench/positions/plan.py",
+     "self.first_distance = 1 - q_len", "self.first_distance = 2 - q_len"),
+    ("query offset +1 in the causal mask", "relbench/attention.py",
+     "return distance_grid(k_len - q_len, k_len, 0, k_len, device) < 0",
+     "return distance_grid(k_len - q_len + 1, k_len, 0, k_len, device) < 0"),
+    ("query offset +1 in Shaw's plan", "relbench/positions/shaw.py",
+     "self.offset = k_len - q_len                       # position of query row 0",
+     "self.offset = k_len - q_len + 1"),
+    ("query offset +1 in RoPE's query rotation", "relbench/positions/rope.py",
+     "q_rot = apply_rotary(q, cos[k_len - q_len:], sin[k_len - q_len:])",
+     "q_rot = apply_rotary(q, cos[k_len - q_len:].roll(1, 0), sin[k_len - q_len:].roll(1, 0))"),
+    ("causal mask dropped on the reference path", "relbench/attention.py",
+     'scores = scores.masked_fill(causal_mask(q_len, k_len, q.device), float("-inf"))', "scores = scores"),
+    ("causal mask dropped on the chunked path", "relbench/attention.py",
+     'mask = bias.masked_fill(masked, float("-inf"))', "mask = bias"),
+    ("causal mask dropped for the split path's far keys", "relbench/attention.py",
+     "v[..., : n - horizon, :], causal=True)", "v[..., : n - horizon, :], causal=False)"),
+    ("causal mask dropped in the split path's near band", "relbench/attention.py",
+     "return _four_d(tile.masked_fill((distance < 0) | (distance >= horizon)",
+     "return _four_d(tile.masked_fill((distance >= horizon)"),
+    ("causal mask dropped in ALiBi's split blocks", "relbench/attention.py",
+     'near_tile = _four_d(near_tile.masked_fill(causal_mask(block, block, q.device), float("-inf")))',
+     "near_tile = _four_d(near_tile)"),
+    ("is_causal dropped without a bias", "relbench/attention.py",
+     "        return F.scaled_dot_product_attention(q, k, v, is_causal=True)\n    bias =",
+     "        return F.scaled_dot_product_attention(q, k, v)\n    bias ="),
+]
+
+
+def mutate(copy: Path, file: str, old: str, new: str) -> None:
+    path = copy / file
+    text = path.read_text()
+    if text.count(old) != 1:
+        raise SystemExit(f"mutation target not found exactly once in {file}: {old!r} (update tests/mutation_check.py)")
+    path.write_text(text.replace(old, new))
+
+
+def run_tests(copy: Path, tests: list[str]) -> tuple[bool, str]:
+    """Whether the tests pass on the copy, and the last line pytest printed."""
+    env = {**os.environ, "PYTHONPATH": str(copy)}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
+                          cwd=copy, env=env, capture_output=True, text=True)
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    return done.returncode == 0, lines[-1] if lines else done.stderr.strip()[-200:]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-k", default="", help="only mutations whose name contains this")
+    parser.add_argument("--list", action="store_true")
+    parser.add_argument("--tests", nargs="+", default=CORE_TESTS)
+    args = parser.parse_args()
+    chosen = [m for m in MUTATIONS if args.k in m[0]]
+    if args.list:
+        print("\n".join(name for name, *_ in chosen))
+        return 0
+    survived = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for name, file, old, new in chosen:
+            copy = Path(scratch) / "copy"
+            shutil.rmtree(copy, ignore_errors=True)
+            shutil.copytree(ROOT / "relbench", copy / "relbench")
+            shutil.copytree(ROOT / "tests", copy / "tests")
+            shutil.copy(ROOT / "pyproject.toml", copy / "pyproject.toml")
+            mutate(copy, file, old, new)
+            start = time.perf_counter()
+            passed, last = run_tests(copy, args.tests)
+            verdict = "SURVIVED" if passed else "killed"
+            print(f"{verdict:<8} {time.perf_counter() - start:5.0f}s  {name}   ({last})", flush=True)
+            if passed:
+                survived.append(name)
+    print(f"{len(chosen) - len(survived)} of {len(chosen)} mutations killed" +
+          (f"; survived: {', '.join(survived)}" if survived else ""))
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
