@@ -50,23 +50,29 @@ def variants_command(
 def profile_command(
     lengths: Annotated[list[int] | None, typer.Option(help="Lengths to profile.")] = None,
     variants: Variants = None,
-    attention: Annotated[list[str] | None, typer.Option(help=f"Backends to profile (default: all of "
-                                                        f"{', '.join(BACKENDS)}).")] = None,
+    attention: Annotated[list[str] | None, typer.Option(help=f"Backends to profile: any of {', '.join(BACKENDS)}, "
+                                                        "or all (default: auto, the path every command takes, "
+                                                        "and reference; unbiased SDPA is `none`'s auto).")] = None,
     batch: Annotated[int, typer.Option(help="Batch size.")] = 1,
     heads: Annotated[int, typer.Option(help="Attention heads.")] = 8,
     head_dim: Annotated[int, typer.Option(help="Channels per head.")] = 64,
     repeats: Annotated[int, typer.Option(help="Timed repeats (median, min and max are reported).")] = 5,
     train_max: Annotated[int, typer.Option(help="Also time forward+backward at lengths up to this.")] = 2048,
-    timeout: Annotated[float, typer.Option(help="Seconds allowed per configuration.")] = 900.0,
+    timeout: Annotated[float, typer.Option(help="Seconds allowed per configuration (with --memory).")] = 900.0,
+    peak_memory: Annotated[bool, typer.Option("--memory/--no-memory", help="Also measure peak memory: on CPU each "
+                                              "configuration then runs in a fresh process (slower).")] = False,
     run_dir: RunDir = results.DEFAULT_RUN_DIR,
     device: Device = "auto",
 ) -> None:
     """Time and peak memory of bias construction and attention, per variant x backend x length.
 
-    No training needed. Each configuration runs in a fresh process on CPU; one that runs out of
-    memory is recorded as oom and the rest continue. Writes RUN/profile.csv, which `report` shows.
+    No training needed. By default every variant's `auto` path (`none`'s is unbiased SDPA, the
+    floor) and the reference path where it fits, timed in this process with a progress bar;
+    `--attention all` for every backend, `--memory` for peak memory (each configuration then in a
+    fresh process on CPU). One that runs out of memory is recorded as oom and the rest continue.
+    Writes RUN/profile.csv, which `report` shows.
 
-    Example: relbench profile --lengths 1024 4096 16384 --variants xl t5 alibi --attention reference split
+    Example: relbench profile --lengths 1024 4096 16384 --variants xl t5 alibi --attention reference split --memory
     """
     from relbench.evaluate import validate_lengths
     from relbench.profile import PROFILE_CSV, profile_run
@@ -75,13 +81,15 @@ def profile_command(
         raise UsageError("--batch, --heads, --head-dim and --repeats must be positive")
     lengths = validate_lengths(list(lengths) if lengths else [1024, 4096, 16384], 1 << 22)
     specs = all_variants(variants)
-    backends = list(dict.fromkeys(attention or BACKENDS))
+    backends = list(dict.fromkeys(attention or ["auto", "reference"]))
+    if "all" in backends:
+        backends = list(BACKENDS)
     for backend in backends:
         check(backend)
     target = resolve_device(device)
     with results.RunLock(run_dir):
         table = profile_run(Path(run_dir) / PROFILE_CSV, specs, backends, lengths, batch, heads, head_dim, str(target),
-                            repeats, train_max, timeout, console)
+                            repeats, train_max, timeout, console, peak_memory)
     mine = (table["batch"] == batch) & (table["heads"] == heads) & (table["head_dim"] == head_dim) & \
         (table["device"] == str(target))
     console.print(report.rich_table(f"Profile ({target}, batch {batch}, {heads} heads x {head_dim})",

@@ -117,7 +117,7 @@ def scores_bytes(backend: str, length: int, batch: int, heads: int, has_bias: bo
     (fp32): the reference path holds two (B, H, L, L) tensors at a time (each step, from the scores
     through scaling, bias, mask and softmax, makes a new one from the last) and the (H, L, L) bias
     when there is one (measured peak RSS: tests/test_memory.py); sdpa a bias mask (and its math
-    fallback the scores); chunked, split and flex stay O(L) per query block, and auto picks among
+    fallback the scores); chunked, split, toeplitz and flex stay O(L) per query block, and auto picks among
     those."""
     square = FLOAT * heads * length * length
     if backend == "reference":

@@ -110,9 +110,10 @@ class Timing:
     first_s: float          # the first (warm-up) call, compilation included
 
 
-def measure(fn: Callable[[], object], device: torch.device | str, repeats: int = 5, warmup: int = 1) -> Timing:
-    """Median/min/max wall time of fn() over `repeats` runs after `warmup` runs, and the peak
-    extra memory of one more run, measured on its own."""
+def measure(fn: Callable[[], object], device: torch.device | str, repeats: int = 5, warmup: int = 1,
+            peak: bool = True) -> Timing:
+    """Median/min/max wall time of fn() over `repeats` runs after `warmup` runs, and (with `peak`)
+    the peak extra memory of one more run, measured on its own."""
     first = None
     for _ in range(max(1, warmup)):
         start = time.perf_counter()
@@ -125,10 +126,12 @@ def measure(fn: Callable[[], object], device: torch.device | str, repeats: int =
         fn()
         synchronize(device)
         times.append((time.perf_counter() - start) * 1000)
+    if not peak:
+        return Timing(statistics.median(times), min(times), max(times), None, first)
     _small_mmap_threshold()
-    with PeakMemory(device) as peak:
+    with PeakMemory(device) as extra:
         fn()
-    return Timing(statistics.median(times), min(times), max(times), peak.mb, first)
+    return Timing(statistics.median(times), min(times), max(times), extra.mb, first)
 
 
 def position_terms(position: PositionEncoding, q: torch.Tensor, k: torch.Tensor, length: int):
@@ -139,8 +142,9 @@ def position_terms(position: PositionEncoding, q: torch.Tensor, k: torch.Tensor,
 
 def profile_one(spec: str, backend: str, length: int, batch: int = 1, heads: int = 8, head_dim: int = 64,
                 device: str = "cpu", repeats: int = 5, train_max: int = 2048, seed: int = 0,
-                train_length: int | None = None) -> dict[str, Any]:
-    """One row: cost of bias construction, attention forward and (where sensible) forward+backward."""
+                train_length: int | None = None, peak: bool = True) -> dict[str, Any]:
+    """One row: cost of bias construction, attention forward and (where sensible) forward+backward;
+    peak memory too with `peak` (on the CPU only trustworthy in a fresh process: `run_isolated`)."""
     device = torch.device(device)
     row: dict[str, Any] = {"variant": spec, "backend": backend, "path": "", "length": length, "batch": batch,
                            "heads": heads, "head_dim": head_dim, "device": str(device), "status": "ok",
@@ -157,10 +161,10 @@ def profile_one(spec: str, backend: str, length: int, batch: int = 1, heads: int
     q, k, v = (torch.randn(shape, generator=generator).to(device) for _ in range(3))
     try:
         with torch.no_grad():
-            build = measure(lambda: position_terms(position, q, k, length), device, repeats)
+            build = measure(lambda: position_terms(position, q, k, length), device, repeats, peak=peak)
             q_rot, k_rot, plan = position_terms(position, q, k, length)
             with recording() as taken:
-                attend = measure(lambda: attention(q_rot, k_rot, v, plan, backend), device, repeats)
+                attend = measure(lambda: attention(q_rot, k_rot, v, plan, backend), device, repeats, peak=peak)
             row["path"] = path_label(taken)
         del plan
         row.update(bias_ms=build.median_ms, bias_min_ms=build.min_ms, bias_max_ms=build.max_ms,
@@ -169,7 +173,7 @@ def profile_one(spec: str, backend: str, length: int, batch: int = 1, heads: int
         if length <= train_max and _can_train(backend, position, device):
             with recording() as taken:
                 train = measure(lambda: _forward_backward(position, q, k, v, length, backend), device,
-                                max(1, repeats // 2))
+                                max(1, repeats // 2), peak=peak)
             row.update(train_path=path_label(taken), train_ms=train.median_ms, train_min_ms=train.min_ms, train_max_ms=train.max_ms,
                        train_peak_mb=train.peak_mb)
     except (RuntimeError, MemoryError) as error:
@@ -237,42 +241,51 @@ def run_isolated(config: dict[str, Any], timeout: float) -> dict[str, Any]:
 
 
 def profile_run(out_path: Path, specs: list[str], backends: list[str], lengths: list[int], batch: int, heads: int,
-                head_dim: int, device: str, repeats: int, train_max: int, timeout: float, console) -> "pd.DataFrame":
+                head_dim: int, device: str, repeats: int, train_max: int, timeout: float, console,
+                peak_memory: bool = True) -> "pd.DataFrame":
     """Every variant x backend x length; each row is written to `out_path` as soon as it is measured
-    (replacing an earlier row of the same configuration), so an interrupted run keeps its rows."""
+    (replacing an earlier row of the same configuration), so an interrupted run keeps its rows.
+    With `peak_memory` on the CPU each configuration runs in a fresh process (a clean resident-set
+    high-water mark); without it, in this process, times only. A progress bar shows the ETA."""
     import pandas as pd
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from relbench import results
 
     table = results.read_csv(out_path) if Path(out_path).is_file() else pd.DataFrame()
     available = memory.budget(device)
-    for spec in specs:
-        for backend in backends:
-            for length in lengths:
-                config = dict(variant=spec, backend=backend, length=length, batch=batch, heads=heads,
-                              head_dim=head_dim, device=device, repeats=repeats if length < 16384 else min(repeats, 3),
-                              train_max=train_max)
-                need = memory.qkv_bytes(length, batch, heads, head_dim)
-                if available is None or need <= available:
-                    need += memory.scores_bytes(backend, length, batch, heads, positions.scheme(spec).adds_bias)
-                if available is not None and need > 0.8 * available:
-                    row = {**{k: config[k] for k in PROFILE_KEY}, "status": "oom",
-                           "message": f"skipped: needs about {memory.human(need)}, {memory.human(available)} available"}
-                elif torch.device(device).type == "cpu":
-                    row = run_isolated(config, timeout)
-                else:
-                    row = _in_process(config)
-                table = results.upsert(table, row, PROFILE_KEY)
-                results.write_csv(out_path, table)
-                console.print(describe(row), markup=False)
+    isolated = peak_memory and torch.device(device).type == "cpu"
+    todo = [(spec, backend, length) for spec in specs for backend in backends for length in lengths]
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task("profiling", total=len(todo))
+        for spec, backend, length in todo:
+            progress.update(task, description=f"{spec} {backend} L={length}")
+            config = dict(variant=spec, backend=backend, length=length, batch=batch, heads=heads,
+                          head_dim=head_dim, device=device, repeats=repeats if length < 16384 else min(repeats, 3),
+                          train_max=train_max)
+            need = memory.qkv_bytes(length, batch, heads, head_dim)
+            if available is None or need <= available:
+                need += memory.scores_bytes(backend, length, batch, heads, positions.scheme(spec).adds_bias)
+            if available is not None and need > 0.8 * available:
+                row = {**{k: config[k] for k in PROFILE_KEY}, "status": "oom",
+                       "message": f"skipped: needs about {memory.human(need)}, {memory.human(available)} available"}
+            elif isolated:
+                row = run_isolated(config, timeout)
+            else:
+                row = _in_process(config, peak_memory)
+            table = results.upsert(table, row, PROFILE_KEY)
+            results.write_csv(out_path, table)
+            progress.console.print(describe(row), markup=False)
+            progress.advance(task)
     return table
 
 
-def _in_process(config: dict[str, Any]) -> dict[str, Any]:
+def _in_process(config: dict[str, Any], peak: bool = True) -> dict[str, Any]:
     config = dict(config)
     spec = config.pop("variant")
     try:
-        return profile_one(spec, **config)
+        return profile_one(spec, **config, peak=peak)
     except RelbenchError as error:
         return {"variant": spec, **config, "status": "unsupported", "message": str(error)}
 
@@ -282,8 +295,10 @@ def describe(row: dict[str, Any]) -> str:
     if row.get("status") != "ok":
         return f"{head} {row.get('status')}: {row.get('message', '')}"
     train = f"  train {row['train_ms']:.1f} ms" if row.get("train_ms") == row.get("train_ms") and "train_ms" in row else ""
+    peak = row.get("attention_peak_mb")
+    peak = f", peak {peak:.0f} MB" if peak is not None and peak == peak else ""
     return (f"{head} bias {row['bias_ms']:.2f} ms  attention {row['attention_ms']:.1f} ms "
-            f"({row.get('path')}, peak {row.get('attention_peak_mb') or 0:.0f} MB){train}")
+            f"({row.get('path')}{peak}){train}")
 
 
 def _limit_address_space() -> None:

@@ -12,6 +12,7 @@ import math
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -145,13 +146,15 @@ class Diverged(Exception):
 
 def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, splits: Splits, device: torch.device,
                   progress: Progress | None = None, folder: Path | None = None,
-                  stop: StopRequest | None = None) -> tuple[GPT, list[dict[str, Any]], dict[str, Any]]:
+                  stop: StopRequest | None = None,
+                  on_pace: Callable[[float], None] | None = None) -> tuple[GPT, list[dict[str, Any]], dict[str, Any]]:
     """Train variant `spec`; returns the model, the loss-curve rows and a summary.
 
     With a checkpoint `folder`, a resumable state is saved there every `checkpoint_every` steps and
     when `stop` is requested, and training resumes from it when present. The batch and learning rate
     of a step depend on the step alone, so a resumed run ends with exactly the weights of an
-    uninterrupted one."""
+    uninterrupted one. `on_pace(seconds_per_step)` is called once, after the first PACE_STEPS steps
+    that follow a warm-up step."""
     model_config = dataclasses.replace(model_config, position=spec, attention=config.attention)
     scale, scale_source = position_lr(spec, config)
     config = dataclasses.replace(config, position_lr_scale=scale)
@@ -177,6 +180,7 @@ def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, spl
     task = progress.add_task(spec, total=config.steps, completed=state["step"], loss="-", val="-", speed="-") \
         if progress else None
     started, first_step = time.perf_counter(), state["step"]
+    pace_from = first_step
     position_grads: dict[str, float] = {}
     grad_norm = torch.tensor(float("nan"))
     for step in range(state["step"], config.steps):
@@ -215,6 +219,11 @@ def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, spl
                 "tokens_per_s": (done - first_step) * tokens_per_step / (time.perf_counter() - started)})
             state["running"], state["running_n"] = 0.0, 0
         state["step"] = done
+        if on_pace is not None and done - pace_from == 1:
+            paced = time.perf_counter()                     # the first step (warm-up) is not counted
+        elif on_pace is not None and done - pace_from == 1 + PACE_STEPS:
+            on_pace((time.perf_counter() - paced) / PACE_STEPS)
+            on_pace = None
         if progress is not None:
             rate = (done - first_step) * tokens_per_step / (time.perf_counter() - started)
             progress.update(task, completed=done, loss=f"{loss.item():.3f}",
@@ -243,6 +252,18 @@ def make_progress(console: Console) -> Progress:
                     TextColumn("{task.fields[speed]} tok/s"), TimeRemainingColumn(), console=console)
 
 
+PACE_STEPS = 10   # steps timed (after one warm-up step) for the expected time printed before a run goes on
+
+
+def expected_time_message(seconds_per_step: float, steps_left: int, runs_left: int, spec: str) -> str:
+    """One line: how long the runs still to train should take, from the pace of the first one."""
+    minutes = seconds_per_step * steps_left / 60
+    when = f"about {minutes:.0f} min" if minutes >= 1 else "under a minute"
+    return (f"expected: {when} of training for the {runs_left} run(s) to go ({spec} took {seconds_per_step:.2f} s "
+            f"per step over its first {PACE_STEPS}; variants on the chunked path are slower). For a faster first "
+            f"result: --variants alibi rope xl, or --preset tiny")
+
+
 def train_run(run_dir: Path, specs: list[str], seeds: list[int], run_config: dict[str, Any], splits: Splits,
               device: torch.device, force: bool, console: Console) -> list[dict[str, Any]]:
     """Train every variant in `specs` once per seed, skipping those with a finished checkpoint (unless
@@ -255,7 +276,13 @@ def train_run(run_dir: Path, specs: list[str], seeds: list[int], run_config: dic
         positions.build_spec(spec, n_heads=model_config.n_heads, head_dim=model_config.head_dim,
                              d_model=model_config.d_model, train_length=model_config.train_length)
     summaries, failures = [], []
+    todo = sum(1 for seed in seeds for spec in specs if force or not (checkpoints.read_meta(
+        results.checkpoint_dir(run_dir, spec, seed)) or {}).get("finished"))
     with StopRequest() as stop, make_progress(console) as progress:
+        def pace(seconds_per_step: float, spec: str = "") -> None:
+            progress.console.print(expected_time_message(seconds_per_step, todo * base.steps, todo, spec), markup=False)
+
+        paced = False
         for seed in seeds:
             train_config = dataclasses.replace(base, seed=seed)
             for spec in specs:
@@ -269,8 +296,10 @@ def train_run(run_dir: Path, specs: list[str], seeds: list[int], run_config: dic
                 if force and meta is not None:
                     (folder / checkpoints.RESUME_FILE).unlink(missing_ok=True)
                 try:
-                    model, rows, summary = train_variant(spec, model_config, train_config, splits, device, progress,
-                                                         folder, stop)
+                    model, rows, summary = train_variant(
+                        spec, model_config, train_config, splits, device, progress, folder, stop,
+                        None if paced else (lambda s, spec=spec: pace(s, spec)))
+                    paced = True
                 except (RuntimeError, MemoryError) as error:
                     if not is_out_of_memory(error):
                         raise

@@ -8,7 +8,7 @@ import torch
 from relbench import attention as attention_module
 from relbench import positions
 from relbench.attention import (BACKENDS, attention, check, chunked_attention, linear_block, recording, resolve,
-                                split_attention, split_linear_attention)
+                                split_attention, split_linear_attention, toeplitz_attention, toeplitz_block)
 from relbench.errors import UsageError
 from relbench.positions.base import PositionEncoding
 from relbench.positions.plan import toeplitz
@@ -48,7 +48,7 @@ def test_split_cases_have_horizons_short_enough_for_the_split_to_run():
 
 
 @pytest.mark.parametrize("spec", list(SPECS.values()))
-@pytest.mark.parametrize("backend", ["sdpa", "chunked", "split"])
+@pytest.mark.parametrize("backend", ["sdpa", "chunked", "split", "toeplitz"])
 @pytest.mark.parametrize("q_len, k_len", [(37, 37), (9, 37), (LONG, LONG)])
 @torch.no_grad()  # split is inference-only
 def test_backend_matches_reference(spec, backend, q_len, k_len):
@@ -66,6 +66,8 @@ def test_backend_matches_reference(spec, backend, q_len, k_len):
             assert expected == "split-linear"
         elif spec in SPLIT and q_len == LONG:
             assert expected == "split"
+    if backend == "toeplitz" and positions.scheme(spec).adds_bias:
+        assert expected == ("toeplitz" if positions.scheme(spec).distance_only else "chunked")
 
 
 def test_the_horizon_split_merges_far_and_near_keys_at_length_150(monkeypatch):
@@ -119,7 +121,8 @@ def test_linear_split_uses_its_block_size_and_matches_reference(block, monkeypat
 
 @torch.no_grad()
 def test_linear_split_at_dispatch_length_merges_blocks(monkeypatch):
-    """Through `attention`, ALiBi's block is L/16 clamped to 256..1024: at 600, blocks of 256, so two merges."""
+    """Through `attention(..., "split")`, ALiBi's block is L/16 clamped to 256..1024: at 600, blocks of 256,
+    so two merges."""
     merges = []
     original = attention_module._merge
     monkeypatch.setattr(attention_module, "_merge", lambda *a: merges.append(1) or original(*a))
@@ -127,7 +130,7 @@ def test_linear_split_at_dispatch_length_merges_blocks(monkeypatch):
     q, k, v, plan = prepared(enc, 600, 600, batch=1)
     assert linear_block(600) == 256
     with recording() as taken:
-        out = attention(q, k, v, plan, "auto")
+        out = attention(q, k, v, plan, "split")
     assert dict(taken) == {"split-linear": 1} and len(merges) == 2
     torch.testing.assert_close(out, attention(q, k, v, plan, "reference"), rtol=1e-5, atol=1e-5)
 
@@ -142,6 +145,44 @@ def test_split_is_exact_for_default_options_at_long_range():
             out = attention(q, k, v, plan, "split")
         assert dict(taken) == {path: 1}, name
         torch.testing.assert_close(out, attention(q, k, v, plan, "reference"), rtol=1e-5, atol=1e-5)
+
+
+DISTANCE_ONLY = [s for s in SPECS.values() if positions.scheme(s).distance_only]
+
+
+def test_distance_only_cases_are_the_relative_biases():
+    assert sorted(p.split(":")[0] for p in DISTANCE_ONLY) == ["alibi", "dynamic", "kerple-log", "kerple-power",
+                                                             "sandwich", "t5", "t5-log2", "xl"]
+
+
+@pytest.mark.parametrize("spec", DISTANCE_ONLY)
+@pytest.mark.parametrize("q_len, k_len, block", [(29, 29, 1), (29, 29, 4), (29, 29, 7), (29, 29, 64),
+                                                 (9, 29, 4), (1, 29, 4), (40, 40, None)])
+@torch.no_grad()
+def test_toeplitz_matches_reference_for_every_block_and_query_suffix(spec, q_len, k_len, block, monkeypatch):
+    """Blocks of 1 row up to one block for the whole sequence, square and query suffixes: the
+    strided mask view lines up with the reference bias and causal mask, one kernel call per block."""
+    calls = []
+    original = attention_module._attend_lse
+    monkeypatch.setattr(attention_module, "_attend_lse", lambda *a, **k: calls.append(a[0].shape[-2]) or original(*a, **k))
+    enc = encoding(spec)
+    q, k, v, plan = prepared(enc, q_len, k_len)
+    ref = attention(q, k, v, plan, "reference")
+    torch.testing.assert_close(toeplitz_attention(q, k, v, plan, block=block), ref, rtol=1e-5, atol=1e-5)
+    size = toeplitz_block(q_len) if block is None else block
+    assert calls == [min(size, q_len - s) for s in range(0, q_len, size)]
+
+
+@torch.no_grad()
+def test_toeplitz_at_a_length_with_several_default_blocks():
+    """At 2100 the default block is 262 rows: 9 calls, the last one short."""
+    enc = encoding("kerple-log")
+    q, k, v, plan = prepared(enc, 2100, 2100, batch=1)
+    assert toeplitz_block(2100) == 262
+    with recording() as taken:
+        out = attention(q, k, v, plan, "auto")
+    assert dict(taken) == {"toeplitz": 1}
+    torch.testing.assert_close(out, attention(q, k, v, plan, "chunked"), rtol=1e-5, atol=1e-5)
 
 
 def test_resolve_names_every_case_where_split_cannot_split():
@@ -159,9 +200,15 @@ def test_resolve_names_every_case_where_split_cannot_split():
     assert resolve("split", None, q_long, LONG, grad=False) == "sdpa"        # no bias
     q_a, _, _, plan_a = prepared(encoding("alibi"), 37, 37)
     assert resolve("split", plan_a, q_a, 37, grad=False) == "split-linear"
-    assert resolve("auto", plan_short, q_short, 40, grad=False) == "chunked"
-    assert resolve("auto", plan_xl, q_long, LONG, grad=False) == "split"
+    assert resolve("auto", plan_short, q_short, 40, grad=False) == "toeplitz"   # distance-only, CPU inference
+    assert resolve("auto", plan_xl, q_long, LONG, grad=False) == "toeplitz"
     assert resolve("auto", plan_xl, q_long, LONG, grad=True) == "chunked"
+    assert resolve("auto", plan_xl, q_meta, LONG, grad=False) == "chunked"          # not on the CPU
+    q_s, _, _, plan_shaw = prepared(encoding("shaw:k=3"), LONG, LONG)
+    assert resolve("auto", plan_shaw, q_s, LONG, grad=False) == "split"              # content-dependent
+    q_f, _, _, plan_fire = prepared(encoding("fire"), LONG, LONG)
+    assert resolve("auto", plan_fire, q_f, LONG, grad=False) == "chunked"
+    assert resolve("toeplitz", plan_fire, q_f, LONG, grad=False) == "chunked"
     assert resolve("auto", None, q_long, LONG, grad=True) == "sdpa"
 
 
@@ -221,10 +268,11 @@ def test_toeplitz_gradient_is_the_diagonal_sum():
     torch.testing.assert_close(toeplitz(values, 6, 5, 7), values[:, index])
 
 
-def test_auto_never_materialises_a_square_bias_for_long_inference(monkeypatch):
-    """At inference past the horizon the default path for xl is the split: no (H, L, L) tensor, no
-    full-width block."""
-    enc = encoding("xl")                                             # default horizon 128
+@pytest.mark.parametrize("spec, path", [("xl", "toeplitz"), ("kerple-log", "toeplitz"), ("shaw", "split")])
+def test_auto_never_materialises_a_square_bias_for_long_inference(spec, path, monkeypatch):
+    """At inference the default paths build no (H, L, L) tensor: the toeplitz path never asks the
+    plan for a block, the split path only for band-sized ones."""
+    enc = encoding(spec)
     q, k, v, plan = prepared(enc, 256, 256, batch=1)
     widest = []
     original = type(plan).block
@@ -232,8 +280,8 @@ def test_auto_never_materialises_a_square_bias_for_long_inference(monkeypatch):
     monkeypatch.setattr(type(plan), "full", lambda self: pytest.fail("materialised the square bias"))
     with torch.no_grad(), recording() as taken:
         attention(q, k, v, plan, "auto")
-    assert dict(taken) == {"split": 1}
-    assert widest and max(widest) < 256
+    assert dict(taken) == {path: 1}
+    assert (not widest) if path == "toeplitz" else (widest and max(widest) < 256)
 
 
 def test_split_refuses_to_drop_gradients():
@@ -254,6 +302,11 @@ def test_check_reads_declared_capabilities_without_building_anything(monkeypatch
         check("split", positions.scheme("kerple-log"))
     with pytest.raises(UsageError, match="neither"):
         check("split", positions.scheme("fire"))
+    for name in ("fire", "shaw", "transformer-xl"):
+        with pytest.raises(UsageError, match="i - j alone"):
+            check("toeplitz", positions.scheme(name))
+    for name in ("xl", "t5", "alibi", "kerple-log", "kerple-power", "sandwich", "dynamic", "rope", "none"):
+        assert check("toeplitz", positions.scheme(name)) == "toeplitz"
     for name in ("xl", "t5", "t5-log2", "shaw", "alibi", "rope", "none", "learned"):
         assert check("split", positions.scheme(name)) == "split"
     assert check("flex", positions.scheme("shaw"), device="cuda", training=True) == "flex"
@@ -267,20 +320,51 @@ def test_check_rejects_impossible_combinations():
         check("split", training=True)
     with pytest.raises(UsageError, match="runs on CPU"):
         check("split", device="cuda")
+    with pytest.raises(UsageError, match="runs on CPU"):
+        check("toeplitz", device="cuda")
+    with pytest.raises(UsageError, match="inference only"):
+        check("toeplitz", training=True)
     with pytest.raises(UsageError, match="did you mean"):
         check("chunkd")
     with pytest.raises(UsageError, match="did you mean"):
         attention(*qkv(4, 4), backend="chunkd")
-    assert BACKENDS == ("auto", "reference", "sdpa", "chunked", "split", "flex")
+    assert BACKENDS == ("auto", "reference", "sdpa", "chunked", "split", "toeplitz", "flex")
 
 
 def test_recording_counts_one_call_per_layer_in_a_model():
     from relbench.model import GPT, ModelConfig
 
-    model = GPT(ModelConfig(vocab_size=32, d_model=32, n_layers=3, n_heads=4, train_length=16, position="xl:k=4"))
+    model = GPT(ModelConfig(vocab_size=32, d_model=32, n_layers=3, n_heads=4, train_length=16, position="shaw:k=4"))
     with torch.no_grad(), recording() as taken:
         model(torch.zeros(1, 100, dtype=torch.long))
     assert dict(taken) == {"split": 3}
     with torch.no_grad(), recording() as taken:
         model(torch.zeros(1, 40, dtype=torch.long))
     assert dict(taken) == {"chunked": 3}
+    with recording() as taken:
+        model(torch.zeros(1, 40, dtype=torch.long))
+    assert dict(taken) == {"chunked": 3}                         # training
+    model.config.attention = "split"
+    with torch.no_grad(), recording() as taken:
+        model(torch.zeros(1, 100, dtype=torch.long))
+    assert dict(taken) == {"split": 3}
+
+
+@pytest.mark.parametrize("q_len, k_len, block", [(29, 29, 8), (29, 29, 1), (9, 29, 4), (40, 40, 64)])
+@torch.no_grad()
+def test_transformer_xl_relative_shift_matches_the_gathered_terms(q_len, k_len, block):
+    """Without gradients transformer-xl's chunked mask is the relative-shift view; it must equal
+    the gathered block with -inf on future keys, block by block, and give the reference output."""
+    from relbench.positions.plan import BiasPlan
+
+    enc = encoding("transformer-xl")
+    q, k, v, plan = prepared(enc, q_len, k_len)
+    offset = k_len - q_len
+    for start in range(0, q_len, block):
+        end = min(q_len, start + block)
+        fast = plan.causal_block(offset + start, offset + end, offset + end)
+        slow = BiasPlan.causal_block(plan, offset + start, offset + end, offset + end)
+        assert fast.shape == slow.shape
+        torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-5)
+    ref = attention(q, k, v, plan, "reference")
+    torch.testing.assert_close(chunked_attention(q, k, v, plan, block=block), ref, rtol=1e-5, atol=1e-5)

@@ -35,10 +35,10 @@ def test_chain_train_extrapolate_report(trained):
     assert (ok["ppl"] > 1).all() and (ok["ppl"] < 256).all()
     assert (ok["n_tokens"] == ok["n_tokens"].iloc[0]).all()  # the same scored tokens at every length and mode
     assert (ok["attention_ms"] > 0).all()
-    # the path each model's attention really took under --attention auto: ALiBi's linear split; xl's
-    # horizon (128) leaves no far keys at these lengths, so the split would be chunked anyway
-    assert set(ok[ok["variant"] == "alibi"]["path"]) == {"split-linear"}
-    assert set(ok[ok["variant"] == "xl"]["path"]) == {"chunked"}
+    # the path each model's attention really took under --attention auto: both distance-only biases
+    # on the toeplitz path
+    assert set(ok[ok["variant"] == "alibi"]["path"]) == {"toeplitz"}
+    assert set(ok[ok["variant"] == "xl"]["path"]) == {"toeplitz"}
     assert set(ok[ok["variant"] == "learned"]["path"]) == {"sdpa"}
     sliding = ok[ok["mode"] == "sliding"]
     assert (sliding["stride"] == 16).all() and (sliding["window"] == sliding["length"]).all()
@@ -55,7 +55,7 @@ def test_chain_train_extrapolate_report(trained):
     assert "Perplexity" in result.output and "alibi" in result.output and "unsupported" in result.output
     report = (trained / "report.md").read_text()
     assert "| alibi |" in report and "L=128" in report and "sliding, stride 16" in report
-    assert "[split-linear]" in report and "[chunked]" in report    # the cost table names the path
+    assert "[toeplitz]" in report and "[sdpa]" in report    # the cost table names the path
     assert "±" in report  # two seeds: intervals
     pivot = pd.read_csv(trained / "extrapolation_pivot.csv")
     alibi = pivot[(pivot["variant"] == "alibi") & (pivot["mode"] == "nonoverlap")].iloc[0]
@@ -188,7 +188,8 @@ def test_spread_variadic():
 
 def test_profile_writes_rows_and_report_shows_them(tmp_path):
     result = run("profile", "--lengths", 64, "--variants", "xl", "alibi", "--attention", "reference", "split",
-                 "--repeats", 1, "--heads", 2, "--head-dim", 8, "--train-max", 64, "--run-dir", tmp_path, "--device", "cpu")
+                 "--repeats", 1, "--heads", 2, "--head-dim", 8, "--train-max", 64, "--run-dir", tmp_path, "--device", "cpu",
+                 "--memory")
     assert result.exit_code == 0, result.output
     rows = pd.read_csv(tmp_path / "profile.csv")
     assert len(rows) == 4 and set(rows["status"]) == {"ok"}
@@ -206,6 +207,29 @@ def test_profile_writes_rows_and_report_shows_them(tmp_path):
     assert "forward+backward" in (tmp_path / "report.md").read_text()
     assert "[chunked]" in (tmp_path / "report.md").read_text()
     assert (tmp_path / "plots" / "attention_cost.png").stat().st_size > 1000
+
+
+def test_profile_defaults_to_auto_and_reference_in_process(tmp_path, monkeypatch):
+    """What a user asks first: each variant's auto path and the reference, timed in this process
+    (no fresh process, no peak memory) unless --memory; --attention all is every backend."""
+    from relbench import profile
+
+    monkeypatch.setattr(profile, "run_isolated", lambda *a: pytest.fail("isolated without --memory"))
+    result = run("profile", "--lengths", 64, "--variants", "kerple-log", "none", "--repeats", 1, "--heads", 2,
+                 "--head-dim", 8, "--run-dir", tmp_path, "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    rows = pd.read_csv(tmp_path / "profile.csv")
+    assert sorted(zip(rows["variant"], rows["backend"], rows["path"])) == [
+        ("kerple-log", "auto", "toeplitz"), ("kerple-log", "reference", "reference"),
+        ("none", "auto", "sdpa"), ("none", "reference", "reference")]
+    assert rows["attention_peak_mb"].isna().all() and (rows["attention_ms"] > 0).all()
+    monkeypatch.undo()
+    result = run("profile", "--lengths", 64, "--variants", "alibi", "--attention", "all", "--memory", "--repeats", 1,
+                 "--heads", 2, "--head-dim", 8, "--train-max", 0, "--run-dir", tmp_path / "all", "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    rows = pd.read_csv(tmp_path / "all" / "profile.csv")
+    assert sorted(rows["backend"]) == sorted(["auto", "reference", "sdpa", "chunked", "split", "toeplitz", "flex"])
+    assert rows["attention_peak_mb"].notna().all()          # fresh processes measure peak memory
 
 
 def test_profile_records_oom_and_continues(tmp_path):
@@ -256,3 +280,19 @@ def test_variants_refuses_a_model_that_cannot_exist(tmp_path):
 def test_split_backend_is_refused_for_training(tmp_path):
     result = run("train", "--preset", "tiny", "--variants", "xl", "--attention", "split", "--run-dir", tmp_path)
     assert_one_line_error(result, 2, "inference only")
+
+
+def test_train_prints_the_expected_time_before_it_goes_on(tmp_path):
+    result = run("train", "--preset", "tiny", "--variants", "alibi", "xl", "--run-dir", tmp_path)
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())                     # the console wraps long lines
+    assert text.count("expected: ") == 1, result.output
+    assert "of training for the 2 run(s) to go (alibi took" in text and "--preset tiny" in text
+    assert text.index("expected: ") < text.index("alibi: validation loss")   # before the first run ends
+
+
+def test_expected_time_message_scales_with_the_steps_left():
+    from relbench.train import expected_time_message
+
+    assert expected_time_message(0.5, 2400, 6, "xl").startswith("expected: about 20 min of training for the 6 run(s)")
+    assert "under a minute" in expected_time_message(0.01, 100, 1, "xl")

@@ -78,6 +78,12 @@ class BiasPlan(abc.ABC):
     def full(self) -> Tensor:
         return self.block(self.k_len - self.q_len, self.k_len, 0, self.k_len)
 
+    def causal_block(self, q_start: int, q_end: int, k_end: int) -> Tensor:
+        """block(q_start, q_end, 0, k_end) with -inf on the keys after each query: the float mask the
+        chunked path hands to the fused kernel. Plans with a cheaper exact form override it."""
+        bias = self.block(q_start, q_end, 0, k_end)
+        return bias.masked_fill(distance_grid(q_start, q_end, 0, k_end, bias.device) < 0, float("-inf"))
+
     def tail(self, q_start: int, q_end: int) -> Tensor | None:
         """The constant beyond the horizon for query rows [q_start, q_end), broadcastable to
         (B, H, q); None when the plan has no horizon."""

@@ -32,6 +32,7 @@ class TransformerXLPlan(BiasPlan):
         self.query = query            # (B, H, Lq, D): q + v
         self.projected = projected    # (H, k_len, D): W_R R_d for d = 0 .. k_len - 1
         self.offset = k_len - q_len
+        self._reversed: Tensor | None = None   # the encodings in reverse distance order, for causal_block
 
     def block(self, q_start: int, q_end: int, k_start: int, k_end: int) -> Tensor:
         distance = distance_grid(q_start, q_end, k_start, k_end, self.query.device).clamp(min=0)  # future keys: masked
@@ -40,6 +41,26 @@ class TransformerXLPlan(BiasPlan):
         scores = rows @ self.projected[:, low: high + 1].transpose(-2, -1)                        # (B, H, bq, span)
         index = (distance - low).expand(*scores.shape[:-1], distance.shape[-1])
         return torch.gather(scores, -1, index) / math.sqrt(rows.shape[-1])                       # (B, H, bq, bk)
+
+    def causal_block(self, q_start: int, q_end: int, k_end: int) -> Tensor:
+        """Without gradients, Transformer-XL's "relative shift": one product of the block's queries
+        with the encodings of distances q_end-1 .. 0 (in that order) gives R[a, x] = the term at
+        distance q_end-1-x; query q_start+a against key j reads x = (q_end-1-q_start) - a + j, so the
+        mask is R viewed with strides (row - 1, 1), no gather. Columns past the last distance are
+        -inf: they are exactly the future keys."""
+        if torch.is_grad_enabled() and self.requires_grad:
+            return super().causal_block(q_start, q_end, k_end)
+        rows = self.query[..., q_start - self.offset: q_end - self.offset, :] / math.sqrt(self.query.shape[-1])
+        pad = max(1, k_end - q_start)
+        if self._reversed is None or self._reversed.shape[1] < self.k_len + pad:   # distances k_len-1 .. 0, zeros
+            self._reversed = torch.cat([self.projected.flip(1), self.projected.new_zeros(
+                self.projected.shape[0], max(pad, 1024), self.projected.shape[2])], dim=1)
+        operand = self._reversed[:, self.k_len - q_end: self.k_len + pad]               # distances q_end-1 .. 0, pad
+        padded = rows @ operand.transpose(-2, -1)                                          # (B, H, bq, q_end + pad)
+        padded[..., q_end:] = float("-inf")
+        width = padded.shape[-1]
+        return padded.as_strided((*padded.shape[:-2], q_end - q_start, k_end),
+                                 (*padded.stride()[:-2], width - 1, 1), padded.storage_offset() + q_end - 1 - q_start)
 
     @property
     def requires_grad(self) -> bool:
