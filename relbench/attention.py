@@ -156,9 +156,13 @@ def _band_tile(plan: BiasPlan, block: int, horizon: int, dtype: torch.dtype) -> 
     return _four_d(tile.masked_fill((distance < 0) | (distance >= horizon), float("-inf")))
 
 
+def _clamped_block(length: int, divisor: int, bounds: tuple[int, int]) -> int:
+    return min(bounds[1], max(bounds[0], length // divisor))
+
+
 def linear_block(length: int) -> int:
     """Query rows per block of the split-linear path: L/16 within LINEAR_BLOCKS."""
-    return min(LINEAR_BLOCKS[1], max(LINEAR_BLOCKS[0], length // 16))
+    return _clamped_block(length, 16, LINEAR_BLOCKS)
 
 
 def split_linear_attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan, block: int | None = None) -> Tensor:
@@ -194,7 +198,8 @@ TOEPLITZ_BLOCKS = (256, 1024)  # query rows per call: L/8 within these bounds
 
 
 def toeplitz_block(length: int) -> int:
-    return min(TOEPLITZ_BLOCKS[1], max(TOEPLITZ_BLOCKS[0], length // 8))
+    """Query rows per call of the toeplitz path: L/8 within TOEPLITZ_BLOCKS."""
+    return _clamped_block(length, 8, TOEPLITZ_BLOCKS)
 
 
 def toeplitz_attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan, block: int | None = None) -> Tensor:

@@ -80,9 +80,7 @@ def parameter_count(model: ModelConfig) -> int:
     """Exactly the number of parameters `GPT(model)` has, counted without allocating its weights:
     the tied token embedding and the final norm, `n_layers` blocks, and the position module (one for
     the model, or one per layer where the variant's class is not `shared_across_layers`), the block
-    and the position module built on the meta device (shapes, no storage). A position module whose
-    constructor computes on values (T5 finds its horizon) cannot be built there and is built on the
-    CPU, which costs its own parameters only."""
+    and the position module built on the meta device (shapes, no storage)."""
     from relbench import positions
     from relbench.model import Block
 
@@ -92,10 +90,7 @@ def parameter_count(model: ModelConfig) -> int:
              "train_length": model.train_length}
     with torch.device("meta"):
         block = sum(p.numel() for p in Block(model).parameters())
-    try:
-        with torch.device("meta"):
-            enc = positions.build(name, **shape, **options)
-    except (NotImplementedError, RuntimeError):           # data-dependent construction: meta has no values
+    with torch.device("meta"):
         enc = positions.build(name, **shape, **options)
     copies = 1 if enc.shared_across_layers else model.n_layers
     d = model.d_model

@@ -43,6 +43,15 @@ def prepared(enc, q_len, k_len, batch=2):
     return q, k, v, plan
 
 
+@pytest.fixture
+def merges(monkeypatch):
+    """The log-sum-exp merges the split paths make, one entry per call of `_merge`."""
+    calls = []
+    original = attention_module._merge
+    monkeypatch.setattr(attention_module, "_merge", lambda *a: calls.append(1) or original(*a))
+    return calls
+
+
 def test_split_cases_have_horizons_short_enough_for_the_split_to_run():
     assert sorted(p.split(":")[0] for p in SPLIT) == ["shaw", "t5", "t5-log2", "xl"]
 
@@ -70,11 +79,8 @@ def test_backend_matches_reference(spec, backend, q_len, k_len):
         assert expected == ("toeplitz" if positions.scheme(spec).distance_only else "chunked")
 
 
-def test_the_horizon_split_merges_far_and_near_keys_at_length_150(monkeypatch):
+def test_the_horizon_split_merges_far_and_near_keys_at_length_150(merges):
     """At LONG every SPLIT variant runs the far/near decomposition: count the merges."""
-    merges = []
-    original = attention_module._merge
-    monkeypatch.setattr(attention_module, "_merge", lambda *a: merges.append(1) or original(*a))
     for spec in SPLIT:
         merges.clear()
         enc = encoding(spec)
@@ -89,12 +95,9 @@ def test_the_horizon_split_merges_far_and_near_keys_at_length_150(monkeypatch):
 @pytest.mark.parametrize("spec", SPLIT)
 @pytest.mark.parametrize("block", [1, 4, 7])
 @torch.no_grad()
-def test_split_with_small_blocks_matches_reference(spec, block, monkeypatch):
+def test_split_with_small_blocks_matches_reference(spec, block, merges):
     """Band blocks smaller than the horizon and than the sequence: every merge branch runs, and the
     block size is really used (the number of merges is the number of blocks with far rows)."""
-    merges = []
-    original = attention_module._merge
-    monkeypatch.setattr(attention_module, "_merge", lambda *a: merges.append(1) or original(*a))
     enc = encoding(spec)
     length = 29
     q, k, v, plan = prepared(enc, length, length)
@@ -108,10 +111,7 @@ def test_split_with_small_blocks_matches_reference(spec, block, monkeypatch):
 
 @pytest.mark.parametrize("block", [1, 5, 8, 37])
 @torch.no_grad()
-def test_linear_split_uses_its_block_size_and_matches_reference(block, monkeypatch):
-    merges = []
-    original = attention_module._merge
-    monkeypatch.setattr(attention_module, "_merge", lambda *a: merges.append(1) or original(*a))
+def test_linear_split_uses_its_block_size_and_matches_reference(block, merges):
     enc = encoding("alibi")
     q, k, v, plan = prepared(enc, 37, 37)
     ref = attention(q, k, v, plan, "reference")
@@ -120,12 +120,9 @@ def test_linear_split_uses_its_block_size_and_matches_reference(block, monkeypat
 
 
 @torch.no_grad()
-def test_linear_split_at_dispatch_length_merges_blocks(monkeypatch):
+def test_linear_split_at_dispatch_length_merges_blocks(merges):
     """Through `attention(..., "split")`, ALiBi's block is L/16 clamped to 256..1024: at 600, blocks of 256,
     so two merges."""
-    merges = []
-    original = attention_module._merge
-    monkeypatch.setattr(attention_module, "_merge", lambda *a: merges.append(1) or original(*a))
     enc = encoding("alibi")
     q, k, v, plan = prepared(enc, 600, 600, batch=1)
     assert linear_block(600) == 256

@@ -59,7 +59,8 @@ class T5Bias(RelativeBias):
         self.bidirectional = bidirectional
         self.table = nn.Parameter(torch.zeros(num_buckets, n_heads))  # (buckets, H)
         # first distance from which every farther past key shares the last bucket
-        n = torch.arange(max_distance + 1)
+        n = torch.arange(max_distance + 1, device="cpu")   # a fact of the options: computed on the CPU wherever
+                                                           # the module is built (the meta device has no values)
         buckets = relative_position_bucket(-n, bidirectional, num_buckets, max_distance)
         self._horizon = int((buckets != buckets[-1]).nonzero().max()) + 1
 
