@@ -17,6 +17,7 @@ import statistics
 import sys
 import time
 
+import relbench  # noqa: F401  (first: sets the OpenMP wait policy before torch loads)
 import torch
 import torch.nn.functional as F
 from rich.console import Console
@@ -31,28 +32,35 @@ from relbench.train import make_optimizer
 
 
 def tokens_per_second(spec: str, precision: str, backend: str, preset: str, steps: int, warmup: int,
-                      train_tokens: torch.Tensor, train_length: int | None = None) -> float:
+                      train_tokens: torch.Tensor, train_length: int | None = None, device: str = "cpu") -> float:
     model_config, train_config, _ = resolve(preset, model={"train_length": train_length})
     if train_length:  # keep the tokens per step of the preset
         base = resolve(preset)[0].train_length * train_config.batch_size
         train_config = dataclasses.replace(train_config, batch_size=max(1, base // train_length))
     model_config = dataclasses.replace(model_config, position=spec, attention=backend)
-    model = GPT(model_config, seed=0).train()
+    model = GPT(model_config, seed=0).to(device).train()
     optimizer = make_optimizer(model, train_config)
     length, batch = model_config.train_length, train_config.batch_size
     times = []
     for step in range(warmup + steps):
-        x, y = batch_at(train_tokens, step, 0, batch, length)
+        x, y = (t.to(device) for t in batch_at(train_tokens, step, 0, batch, length))
+        synchronize(device)
         start = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=precision == "bf16"):
             logits = model(x)
         loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
+        synchronize(device)
         if step >= warmup:
             times.append(time.perf_counter() - start)
     return batch * length / statistics.median(times)
+
+
+def synchronize(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
 
 
 def main(argv: list[str]) -> int:
@@ -63,6 +71,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--preset", default="quick")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--device", default="cpu")
     parser.add_argument("--train-length", type=int, default=None, help="override the preset's (same tokens per step)")
     args = parser.parse_args(argv)
     train_tokens = torch.from_numpy(load_splits(None).train)
@@ -77,7 +86,7 @@ def main(argv: list[str]) -> int:
             base = None
             for precision in args.precisions:
                 rate = tokens_per_second(spec, precision, backend, args.preset, args.steps, args.warmup, train_tokens,
-                                         args.train_length)
+                                         args.train_length, args.device)
                 base = rate if precision == "fp32" else base
                 ratio = f"{rate / base:.2f}x" if base else ""
                 table.add_row(spec, backend, precision, f"{rate:,.0f}", ratio)

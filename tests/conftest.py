@@ -1,3 +1,4 @@
+import relbench  # noqa: F401  (before torch: sets the OpenMP wait policy torch reads when it loads)
 import pytest
 import torch
 
