@@ -46,7 +46,8 @@ from relbench.positions.plan import BiasPlan, distance_grid
 
 BACKENDS = ("auto", "reference", "sdpa", "chunked", "split", "toeplitz", "flex")
 PATH_NAMES = ("reference", "sdpa", "chunked", "split", "split-linear", "toeplitz", "flex")
-CHUNK = 512          # query rows per block on the chunked path
+CHUNK_ROWS = (64, 512)      # query rows per block on the chunked path: as many as keep its mask
+CHUNK_MASK_BYTES = 16 << 20  # within this (at 4096 keys, 8 heads: 128 rows, 1.3-1.4x faster than 512)
 BAND_BLOCK = 64      # query rows per block of the split path's near band (fastest measured: 64 of 64..512)
 LINEAR_BLOCKS = (256, 1024)  # query rows per block for linear biases (ALiBi): L/16 within these bounds,
                              # the fastest measured at 4096 (256) and 16384 (1024)
@@ -77,8 +78,19 @@ def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None) -> Te
 
 
 # ---- chunked ----------------------------------------------------------------------------------------
-def chunked_attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None, block: int = CHUNK) -> Tensor:
+def chunk_block(k_len: int, heads: int, device_type: str = "cpu") -> int:
+    """Query rows per block of the chunked path. On the CPU its (H, rows, keys) fp32 mask stays within
+    CHUNK_MASK_BYTES (a tile that stays in cache while it is written and read), within CHUNK_ROWS. On
+    CUDA, where every block is a few kernel launches, the largest: on an H200 128-row blocks at 16384
+    keys made transformer-xl 6x slower than 512-row ones (292 against 47 ms)."""
+    if device_type != "cpu":
+        return CHUNK_ROWS[1]
+    return min(CHUNK_ROWS[1], max(CHUNK_ROWS[0], CHUNK_MASK_BYTES // (4 * heads * max(1, k_len))))
+
+
+def chunked_attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None, block: int | None = None) -> Tensor:
     q_len, k_len = q.shape[-2], k.shape[-2]
+    block = chunk_block(k_len, q.shape[1], q.device.type) if block is None else block
     offset = k_len - q_len
     outputs = []
     for start in range(0, q_len, block):
@@ -89,7 +101,8 @@ def chunked_attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None, bl
             masked = distance_grid(offset + start, offset + end, 0, keys, q.device) < 0   # (bq, keys)
             mask = torch.zeros(end - start, keys, dtype=q.dtype, device=q.device).masked_fill(masked, float("-inf"))
         else:
-            mask = plan.causal_block(offset + start, offset + end, keys).to(q.dtype)  # (H or B,H, bq, keys)
+            # (1 or B, H, bq, keys): the fused CPU kernel takes only a 4-d mask (a 3-d one runs the unfused math path)
+            mask = _four_d(plan.causal_block(offset + start, offset + end, keys).to(q.dtype))
         outputs.append(F.scaled_dot_product_attention(q_blk, k[..., :keys, :], v[..., :keys, :], attn_mask=mask))
     return torch.cat(outputs, dim=-2)                          # (B, H, Lq, D)
 
@@ -288,7 +301,7 @@ def choose(plan: BiasPlan | None, q: Tensor, k_len: int, grad: bool) -> str:
     if plan is None:
         return "sdpa"
     if q.device.type == "cuda":  # a per-query position term (transformer-xl) has no score_mod
-        return "flex" if plan.has_score_mod else "chunked"
+        return "flex" if plan.has_score_mod and (plan.flex_trains or not grad) else "chunked"
     if grad:
         # measured (benchmarks/train_throughput.py, quick model): in fp32 chunked is as fast as the
         # reference path at 256 and twice as fast at 1024; under bf16 autocast the materialised

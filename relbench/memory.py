@@ -145,7 +145,7 @@ def training_bytes(model: ModelConfig, batch_size: int, precision: str = "fp32")
     shares per position (e: without it, two lengths read the chunked path's per-position terms as
     per-pair ones, and xl at length 1024, batch 2 was estimated at 106 MB for the 73 MB a real step
     holds) and constants (k). tests/test_memory.py checks the estimate against a real step."""
-    from relbench.attention import CHUNK
+    from relbench.attention import chunk_block
     from relbench.model import GPT
 
     backend = training_backend(model, precision)
@@ -158,7 +158,8 @@ def training_bytes(model: ModelConfig, batch_size: int, precision: str = "fp32")
     def pairs(length: int) -> int:
         if backend != "chunked":
             return length * length
-        return sum((end := min(length, start + CHUNK)) * (end - start) for start in range(0, length, CHUNK))
+        block = chunk_block(length, model.n_heads)
+        return sum((end := min(length, start + block)) * (end - start) for start in range(0, length, block))
 
     per_sequence, whole = [], []
     for length in lengths:

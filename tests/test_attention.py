@@ -255,6 +255,30 @@ def test_chunked_uses_its_block_size_and_skips_future_keys(monkeypatch):
     assert calls == [(8, 8), (8, 16), (8, 24), (5, 29)]
 
 
+@pytest.mark.parametrize("spec", ["xl:k=5", "fire", "transformer-xl", "kerple-log"])
+@torch.no_grad()
+def test_chunked_runs_the_fused_kernel_not_the_math_path(spec):
+    """The fused CPU kernel takes only a 4-d float mask (a 3-d one silently runs the unfused math
+    path, about 4x slower): every block of the chunked path must reach the fused kernel."""
+    q, k, v, plan = prepared(encoding(spec), 150, 150)
+    with torch.profiler.profile() as prof:
+        chunked_attention(q, k, v, plan, block=64)
+    ops = {e.key: e.count for e in prof.key_averages()}
+    assert ops.get("aten::_scaled_dot_product_flash_attention_for_cpu") == 3
+    assert "aten::_scaled_dot_product_attention_math" not in ops
+
+
+def test_chunked_block_keeps_the_mask_within_its_budget():
+    from relbench.attention import CHUNK_MASK_BYTES, chunk_block
+
+    assert CHUNK_MASK_BYTES == 16 << 20
+    assert chunk_block(4096, 8) == 128            # 16 MiB / (4 B x 8 heads x 4096 keys)
+    assert chunk_block(1024, 8) == 512            # 512 would allow more; capped
+    assert chunk_block(256, 4) == 512
+    assert chunk_block(16384, 8) == 64            # 32 rows fit; floored at 64
+    assert chunk_block(2048, 12) == 170
+
+
 def test_toeplitz_gradient_is_the_diagonal_sum():
     values = torch.randn(3, 12, requires_grad=True)
     index = 6 + torch.arange(5)[:, None] - torch.arange(7)[None, :]   # first=6, q=5, k=7: indices 0..10

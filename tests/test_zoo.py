@@ -234,3 +234,36 @@ def test_fire_curve_is_its_mlp(seed):
     params = [x, *enc.mlp.parameters()]
     for a, b in zip(torch.autograd.grad((want * weights).sum(), params), torch.autograd.grad((got * weights).sum(), params)):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("c, threshold_ratio", [(0.1, 0.25), (2.0, 1.0), (0.003, 0.1)])
+@torch.no_grad()
+def test_fire_inference_bias_by_key_segments_is_the_mlp(c, threshold_ratio):
+    """The inference bias of FIRE (lines between ramp bounds, ramps only inside them, groups of
+    FIRE_ROWS query rows) equals its MLP on every pair, with weights that put many kinks inside
+    [0, 1), rows below and above the threshold, several row groups per block, query suffixes, and
+    psi from nearly linear (small c) to strongly logarithmic (large c)."""
+    from relbench.positions import fire as fire_module
+
+    enc = positions.build("fire", n_heads=H, head_dim=D, train_length=256, threshold_ratio=threshold_ratio)
+    enc.reset_parameters(torch.Generator().manual_seed(0))
+    g = torch.Generator().manual_seed(5)
+    enc.mlp[0].weight.copy_(torch.rand(enc.mlp[0].weight.shape, generator=g) * 4 - 2)
+    enc.mlp[0].bias.copy_(-enc.mlp[0].weight[:, 0] * (torch.rand(32, generator=g) * 1.4 - 0.2))  # kinks in (-0.2, 1.2)
+    enc.mlp[2].weight.copy_(torch.randn(enc.mlp[2].weight.shape, generator=g))
+    enc.c.fill_(c)
+    kinks = -enc.mlp[0].bias / enc.mlp[0].weight[:, 0]
+    assert ((kinks > 0) & (kinks < 1)).sum() >= 20
+    for q_len, k_len, (q0, q1) in [(300, 300, (0, 300)), (300, 300, (130, 290)), (100, 700, (650, 700))]:
+        plan = enc.plan(q_len, k_len)
+        got = plan.causal_block(q0, q1, q1)
+        query = torch.arange(q0, q1, dtype=torch.float32)[:, None]
+        distance = (query - torch.arange(q1)[None]).abs()
+        x = enc.psi(distance) / (enc.psi(torch.maximum(query, enc.threshold())) + fire_module.EPS)
+        want = enc.mlp(x[..., None]).permute(2, 0, 1).masked_fill(distance_future(q0, q1), float("-inf"))
+        assert (q1 - q0) > fire_module.FIRE_ROWS or q_len == 100
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-5)
+
+
+def distance_future(q0, q1):
+    return torch.arange(q0, q1)[:, None] < torch.arange(q1)[None]

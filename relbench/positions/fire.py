@@ -26,10 +26,16 @@ from relbench.positions.base import PositionEncoding, register
 from relbench.positions.plan import BiasPlan, distance_grid
 
 INIT_C, EPS = 0.1, 1e-6
+FIRE_ROWS = 64   # query rows per group of the inference bias (a ramp's bounds span about this many keys)
 PAPER_THRESHOLD_RATIO = 512 / 2048   # the paper's initial L over its training length
 
 
 class FirePlan(BiasPlan):
+    # on an H200 (torch 2.11) the score_mod's forward ran (3.9 ms at 4096, 3.3x faster than the reference
+    # path at 16384) but inductor failed to lower its backward (an unnamed scalar gradient buffer), so
+    # auto trains FIRE on the chunked path on CUDA
+    flex_trains = False
+
     def __init__(self, fire: "Fire", q_len: int, k_len: int):
         super().__init__(fire.n_heads, q_len, k_len)
         self.fire = fire
@@ -44,23 +50,81 @@ class FirePlan(BiasPlan):
             return fire.mlp(normalised[..., None]).permute(2, 0, 1)                             # (H, bq, bk)
         return fire.curve(normalised)                                                           # (H, bq, bk)
 
+    def causal_block(self, q_start: int, q_end: int, k_end: int) -> Tensor:
+        """Without gradients, the bias written segment by segment of keys instead of element by
+        element. f = const + slope x + sum_k g_k relu(x - t_k) (Fire.ramps), and x = psi(i - j) /
+        N_i rises as the key j moves back from the query, so ramp k is on exactly for keys
+        j < J_k(i) = i - (exp(t_k N_i) - 1) / c. For a few query rows, J_k spans at most a few more
+        keys than there are rows (its slope in i is between 0 and 1): to its left the ramp is a line,
+        to its right zero. Between consecutive such bounds the bias is one line a + b x per head,
+        written with one multiply-add over a tile shared by the heads; only keys within a ramp's
+        bounds (widened by 2 against rounding) evaluate that ramp. The normalised distances come
+        from one O(L) vector of psi read as a strided (Hankel) view over reversed keys."""
+        if torch.is_grad_enabled() and self.requires_grad:
+            return super().causal_block(q_start, q_end, k_end)
+        fire, rows, heads = self.fire, q_end - q_start, self.n_heads
+        device = fire.c.device
+        # psi(|m - (k_end - 1)|) for m = 0 .. q_end + k_end - 2: row a, reversed key j' reads m = q_start + a + j'
+        psi = fire.psi((torch.arange(q_end + k_end - 1, device=device) - (k_end - 1)).abs().float())
+        hankel = psi.as_strided((rows, k_end), (1, 1), q_start)
+        query = torch.arange(q_start, q_end, device=device, dtype=torch.float64)
+        normaliser = fire.psi(torch.maximum(query.float(), fire.threshold())) + EPS                # (bq,): N_i
+        x = torch.div(hankel, normaliser[:, None]).flip(-1)                                       # (bq, keys)
+        const, slope, kinks, gain, moving = (t.detach() for t in fire.ramps())
+        # x lies in [0, 1) for keys up to the query: a ramp with t <= 0 is a line, one with t >= 1 zero
+        line, ramp = moving & (kinks <= 0), moving & (kinks > 0) & (kinks < 1)
+        const = const - (gain * kinks * line).sum(-1)
+        slope = slope + (gain * line).sum(-1)
+        t, g = kinks[ramp], gain[:, ramp]                                                         # (K,), (H, K)
+        bound = query[None] - torch.expm1(t.double()[:, None] * normaliser.double()[None]) / fire.c.double().abs()
+        out = x.new_empty(heads, rows, k_end)
+        thresholds, gains = t.tolist(), [g[:, k].view(heads, 1, 1) for k in range(t.shape[0])]
+        for a0 in range(0, rows, FIRE_ROWS):
+            a1 = min(rows, a0 + FIRE_ROWS)
+            keys = q_start + a1                                       # keys past the last row's query: all future
+            lo = (bound[:, a0:a1].amin(1).floor() - 2).clamp(0, keys).long().tolist()
+            hi = (bound[:, a0:a1].amax(1).ceil() + 2).clamp(0, keys).long().tolist()
+            cuts = sorted({0, keys, *lo, *hi})
+            ends = torch.tensor(cuts[1:], dtype=torch.float64, device=device)
+            on = (ends[:, None] <= torch.tensor(lo, dtype=torch.float64, device=device)[None]).to(g.dtype)  # (S, K)
+            a = (const[None] - on @ (g * t).t()).view(-1, heads, 1, 1)                          # (S, H, 1, 1)
+            b = (slope[None] + on @ g.t()).view(-1, heads, 1, 1)
+            for s, (c0, c1) in enumerate(zip(cuts, cuts[1:])):
+                tile, target = x[a0:a1, c0:c1], out[:, a0:a1, c0:c1]
+                target.copy_(a[s].expand_as(target)).addcmul_(b[s], tile)   # (out-of-place addcmul is 4x slower)
+                for k, threshold in enumerate(thresholds):
+                    if lo[k] <= c0 and c1 <= hi[k]:
+                        target.addcmul_(gains[k], (tile - threshold).clamp_min_(0))
+            out[:, a0:a1, keys:] = float("-inf")
+            future = distance_grid(q_start + a0, keys, q_start + a0, keys, device) < 0
+            out[:, a0:a1, q_start + a0: keys].masked_fill_(future, float("-inf"))
+        return out
+
     @property
     def requires_grad(self) -> bool:
         return self.fire.c.requires_grad
 
     def score_mod(self) -> Callable:
+        """f as its ramps (Fire.ramps): const + slope x + sum_k g_k relu(x - t_k) over the kinks that
+        can fall inside [0, 1), fewer terms than the MLP's hidden units. FlexAttention cannot
+        differentiate a captured tensor indexed more than once, so every coefficient is its own
+        tensor (unbound from the ramps), each indexed once by the head."""
         fire, offset = self.fire, self.k_len - self.q_len
-        w1, b1 = fire.mlp[0].weight[:, 0], fire.mlp[0].bias       # (W,), (W,)
-        w2, b2 = fire.mlp[2].weight, fire.mlp[2].bias             # (H, W), (H,)
+        const, slope, kinks, gain, moving = fire.ramps()
+        line, ramp = moving & (kinks <= 0).detach(), moving & (kinks > 0).detach() & (kinks < 1).detach()
+        const = const - (gain * kinks * line).sum(-1)             # ramps that are lines on [0, 1)
+        slope = slope + (gain * line).sum(-1)
+        where = ramp.nonzero().flatten().tolist()
+        terms = [(kinks[u].clone(), gain[:, u].clone()) for u in where]   # one (scalar, (H,)) pair per ramp, own storage
         c, threshold = fire.c, fire.threshold()
 
         def add_fire_bias(score, b, h, q_idx, kv_idx):
             i = (q_idx + offset).to(torch.float32)
             d = torch.abs(i - kv_idx.to(torch.float32))
             x = torch.log(torch.abs(c * d) + 1) / (torch.log(torch.abs(c * torch.maximum(i, threshold)) + 1) + EPS)
-            out = b2[h]
-            for unit in range(w1.shape[0]):  # the MLP, unrolled over its hidden units
-                out = out + w2[h, unit] * torch.relu(w1[unit] * x + b1[unit])
+            out = const[h] + slope[h] * x
+            for t, g in terms:
+                out = out + g[h] * torch.relu(x - t)
             return score + out
 
         return add_fire_bias
@@ -97,29 +161,52 @@ class Fire(PositionEncoding):
     def curve(self, x: Tensor) -> Tensor:
         """The MLP f applied to every element of x: (...) -> (H, ...), exactly, but as what it is.
 
-        f(x) = b2 + sum_u w2[:, u] relu(w1[u] x + b1[u]) of a scalar x is piecewise linear, with a
-        kink where a hidden unit switches (x = -b1[u] / w1[u]). Between kinks f is slope * x +
-        intercept, so each element costs a bucket search and one multiply-add per head instead of
-        the (1 + H) x width products of the MLP: about 2x faster on a (512, 4096) block on CPU, and
-        the chunked forward at 4096 (B=1, H=8, d=64) went from 1667 to 1304 ms. Slopes and intercepts
-        are differentiable in the MLP's weights and f in x, as the MLP is, but that backward scatters
-        every element's gradient into K + 1 pieces, slower than the MLP's (a quick training step took
-        108 ms against 94), so plans use the curve only where no gradient is needed."""
+        Each hidden unit of f(x) = b2 + sum_u w2[:, u] relu(w1[u] x + b1[u]) is a ramp with its kink
+        at t_u = -b1[u] / w1[u]: relu(w1 x + b1) = |w1| relu(x - t), plus |w1| (t - x) where w1 < 0,
+        and the constant relu(b1) where w1 = 0. So f(x) = a + b x + sum_u g_u relu(x - t_u), and over
+        the range of x a ramp whose kink lies below it is a line (folded into a and b) and one whose
+        kink lies above it is zero: only the kinks inside the range cost anything. What is left is
+        one matrix product, (H, 1 + K) coefficients by (1 + K, N) features [x, relu(x - t_k)] with
+        the K kinks inside, in place of the MLP's (1 + H) x width products per element and its
+        (N, H) -> (H, N) transpose. Differentiable in x and in the MLP's weights, as the MLP is;
+        plans use it where no gradient is needed (the MLP's backward is faster)."""
+        const, slope, kinks, gain, moving = self.ramps()
+        w1 = self.mlp[0].weight
+        x = x.to(w1.dtype)
+        flat = x.reshape(1, -1)                                                            # (1, N)
+        if flat.numel():
+            low, high = flat.detach().aminmax()
+            below, inside = moving & (kinks.detach() <= low), moving & (kinks.detach() > low) & (kinks.detach() < high)
+        else:
+            below = inside = torch.zeros_like(moving)
+        on = below.to(w1.dtype)                      # ramps that are lines over the whole range
+        const = const - (gain * on * kinks).sum(-1)
+        slope = slope + (gain * on).sum(-1)
+        t, g = kinks[inside], gain[:, inside]                                              # (K,), (H, K)
+        if torch.is_grad_enabled() and (flat.requires_grad or w1.requires_grad):
+            features = torch.cat([torch.ones_like(flat), flat, (flat - t[:, None]).clamp_min(0)])
+        else:   # the same, written in place: no concatenation of (K, N) pieces
+            features = flat.new_empty(2 + t.shape[0], flat.shape[1])                       # [1, x, ramps]: (2 + K, N)
+            features[0] = 1
+            features[1] = flat[0]
+            torch.sub(flat, t[:, None], out=features[2:]).clamp_min_(0)
+        coefficients = torch.cat([const[:, None], slope[:, None], g], dim=1)               # (H, 2 + K)
+        return (coefficients @ features).view(gain.shape[0], *x.shape)
+
+    def ramps(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """f(x) = const + slope x + sum_u gain[:, u] relu(x - kinks[u]) over the units that move
+        (`moving`, w1 != 0), exactly: (H,), (H,), (W,), (H, W), (W,) bool. See `curve`."""
         first, second = self.mlp[0], self.mlp[2]
         w1, b1, w2, b2 = first.weight[:, 0], first.bias, second.weight, second.bias       # (W,) (W,) (H, W) (H,)
-        moving = w1 != 0
-        kinks = torch.sort((-b1[moving] / w1[moving]).detach()).values                     # (K,)
-        if kinks.numel():   # one point inside each of the K + 1 pieces tells which units are on there
-            inside = torch.cat([kinks[:1] - 1, (kinks[1:] + kinks[:-1]) / 2, kinks[-1:] + 1])
-        else:
-            inside = torch.zeros(1, dtype=w1.dtype, device=w1.device)
-        on = ((w1.detach() * inside[:, None] + b1.detach()) > 0).to(w1.dtype)                # (K + 1, W)
-        slope = (on * w1) @ w2.t()                                                           # (K + 1, H)
-        intercept = (on * b1) @ w2.t() + b2                                                  # (K + 1, H)
-        piece = torch.bucketize(x.detach().to(kinks.dtype), kinks).flatten()                 # (N,) in 0..K
-        shape = (w2.shape[0], *x.shape)
-        return torch.addcmul(intercept.t().index_select(1, piece).view(shape),
-                             slope.t().index_select(1, piece).view(shape), x.to(w1.dtype))
+        moving = (w1 != 0).detach()
+        falling = (w1 < 0).to(w1.dtype)
+        kinks = -b1 / torch.where(moving, w1, torch.ones_like(w1))                         # (W,)
+        gain = w2 * w1.abs()                                                               # (H, W): g_u
+        # the constants of units that never move and the lines of falling units
+        const = b2 + (w2 * torch.where(moving, falling * w1.abs() * kinks, torch.relu(b1))).sum(-1)   # (H,)
+        slope = -(gain * falling).sum(-1)                                                  # (H,)
+        flat_on = (~moving & (b1 > 0)).to(w1.dtype)  # a unit with w1 = 0 adds w1 x: zero, but it has a gradient
+        return const, slope + (w2 * flat_on * w1).sum(-1), kinks, gain, moving
 
     def plan(self, q_len: int, k_len: int, q: Tensor | None = None) -> FirePlan:
         return FirePlan(self, q_len, k_len)

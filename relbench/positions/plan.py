@@ -67,6 +67,7 @@ class BiasPlan(abc.ABC):
     horizon: int | None = None          # for i - j >= horizon, every key of a query row gets tail()
     linear_slopes: Tensor | None = None  # bias == -slope_h * (i - j) for all i >= j (ALiBi)
     distance_only: bool = False          # block() depends on i - j only (the same tile for every block)
+    flex_trains: bool = True             # FlexAttention's backward compiles for this score_mod (auto uses it)
 
     def __init__(self, n_heads: int, q_len: int, k_len: int):
         self.n_heads, self.q_len, self.k_len = n_heads, q_len, k_len
