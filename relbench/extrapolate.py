@@ -40,6 +40,7 @@ COPY_KEY = ["variant", "seed", "distance", "trials"]
 PASSKEY_KEY = ["variant", "seed", "length", "depth", "trials"]
 PASSKEY_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 COST = ("bias_ms", "bias_peak_mb", "attention_ms", "attention_peak_mb")
+LONG_COST = 16384   # from this length on, the layer cost is one timed call
 DONE = ("ok", "unsupported")
 
 
@@ -170,10 +171,13 @@ def attention_row(model: GPT, base: dict[str, Any], text: ScoredText, windows_us
 
 
 def layer_cost(model: GPT, length: int, backend: str, device: torch.device) -> dict:
-    """Cost of one layer of this model's shape (batch 1): bias construction and attention."""
+    """Cost of one layer of this model's shape (batch 1): bias construction and attention, the median
+    of 3 calls after a warm-up; from 16384 on one call (each takes as long as the perplexity pass
+    of a layer, and the calls differ by a few percent there)."""
     config = model.config
     cost = profile_one(config.position, backend, length, batch=1, heads=config.n_heads, head_dim=config.head_dim,
-                       device=str(device), repeats=3, train_max=0, train_length=config.train_length)
+                       device=str(device), repeats=3 if length < LONG_COST else 1, train_max=0,
+                       train_length=config.train_length)
     return {k: float("nan") if cost.get(k) is None else cost[k] for k in COST}
 
 
