@@ -104,7 +104,7 @@ def chunked_attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None, bl
             # (1 or B, H, bq, keys): the fused CPU kernel takes only a 4-d mask (a 3-d one runs the unfused math path)
             mask = _four_d(plan.causal_block(offset + start, offset + end, keys).to(q.dtype))
         outputs.append(F.scaled_dot_product_attention(q_blk, k[..., :keys, :], v[..., :keys, :], attn_mask=mask))
-    return torch.cat(outputs, dim=-2)                          # (B, H, Lq, D)
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-2)   # (B, H, Lq, D)
 
 
 # ---- split: far keys through the unbiased fused kernel, near keys with the bias --------------------
