@@ -272,7 +272,8 @@ def bench_command(
 ) -> None:
     """Train, extrapolate and report in one go on the embedded corpus (the default preset: quick).
 
-    Example: relbench bench        (all 16 variants, lengths 256 1024 4096, about 14 minutes on 2 cores)
+    Example: relbench bench        (all 16 variants, lengths 256 1024 4096; after its first training steps it
+    prints how long the training should take on this machine; the README quotes measured times per CPU)
     """
     with results.RunLock(run_dir):
         config = _train(run_dir, variants, preset, None, None, None, None, None, None, device, False,
