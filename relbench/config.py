@@ -138,7 +138,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "train": dict(steps=30, batch_size=8, lr=3e-3, warmup_steps=5, eval_every=15, eval_batches=2, checkpoint_every=5),
         "eval": dict(eval_tokens=2048, max_batch_tokens=4096),
     },
-    "quick": {  # the default (`relbench bench`): 16 variants trained in 54 min on one core of a 2-core AVX2 EPYC
+    "quick": {  # the default (`relbench bench`): 16 variants trained in 54-67 min on a 2-core AVX2 EPYC (README)
         "model": dict(d_model=128, n_layers=4, n_heads=4, train_length=256),
         "train": dict(steps=400, batch_size=8, lr=3e-3, warmup_steps=50, eval_every=100, eval_batches=8,
                       position_lr_scales=TUNED_POSITION_LR),
