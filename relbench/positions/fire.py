@@ -107,24 +107,27 @@ class FirePlan(BiasPlan):
     def score_mod(self) -> Callable:
         """f as its ramps (Fire.ramps): const + slope x + sum_k g_k relu(x - t_k) over the kinks that
         can fall inside [0, 1), fewer terms than the MLP's hidden units. FlexAttention cannot
-        differentiate a captured tensor indexed more than once, so every coefficient is its own
-        tensor (unbound from the ramps), each indexed once by the head."""
-        fire, offset = self.fire, self.k_len - self.q_len
+        differentiate a captured tensor indexed more than once, and on an H200 its backward did not
+        lower with 0-d captured tensors that need a gradient: every coefficient, c and the
+        threshold included, is its own (H,) tensor, indexed once by the head."""
+        fire, offset, heads = self.fire, self.k_len - self.q_len, self.n_heads
         const, slope, kinks, gain, moving = fire.ramps()
         line, ramp = moving & (kinks <= 0).detach(), moving & (kinks > 0).detach() & (kinks < 1).detach()
         const = const - (gain * kinks * line).sum(-1)             # ramps that are lines on [0, 1)
         slope = slope + (gain * line).sum(-1)
         where = ramp.nonzero().flatten().tolist()
-        terms = [(kinks[u].clone(), gain[:, u].clone()) for u in where]   # one (scalar, (H,)) pair per ramp, own storage
-        c, threshold = fire.c, fire.threshold()
+        per_head = lambda scalar: scalar.expand(heads).clone()    # noqa: E731  (own storage, (H,))
+        terms = [(per_head(kinks[u]), gain[:, u].clone()) for u in where]
+        c_h, threshold_h = per_head(fire.c), per_head(fire.threshold())
 
         def add_fire_bias(score, b, h, q_idx, kv_idx):
+            c, threshold = c_h[h], threshold_h[h]
             i = (q_idx + offset).to(torch.float32)
             d = torch.abs(i - kv_idx.to(torch.float32))
             x = torch.log(torch.abs(c * d) + 1) / (torch.log(torch.abs(c * torch.maximum(i, threshold)) + 1) + EPS)
             out = const[h] + slope[h] * x
             for t, g in terms:
-                out = out + g[h] * torch.relu(x - t)
+                out = out + g[h] * torch.relu(x - t[h])
             return score + out
 
         return add_fire_bias
