@@ -7,6 +7,7 @@ bf16` with fp32 in two run directories (the README quotes both).
 
     python benchmarks/train_throughput.py
     python benchmarks/train_throughput.py --variants xl alibi --precisions fp32 bf16 --backends auto reference
+    python benchmarks/train_throughput.py --paired --precisions fp32 --backends auto   # each variant x none
 """
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ from relbench.batches import lm_batch as batch_at
 from relbench.train import make_optimizer
 
 
-def tokens_per_second(spec: str, precision: str, backend: str, preset: str, steps: int, warmup: int,
-                      train_tokens: torch.Tensor, train_length: int | None = None, device: str = "cpu") -> float:
+def make_step(spec: str, precision: str, backend: str, preset: str, train_tokens: torch.Tensor,
+              train_length: int | None = None, device: str = "cpu"):
+    """A model and optimiser of the preset for `spec`, and a function that runs training step i
+    (forward, loss, backward, AdamW) and returns its seconds; plus the tokens per step."""
     model_config, train_config, _ = resolve(preset, model={"train_length": train_length})
     if train_length:  # keep the tokens per step of the preset
         base = resolve(preset)[0].train_length * train_config.batch_size
@@ -41,9 +44,9 @@ def tokens_per_second(spec: str, precision: str, backend: str, preset: str, step
     model = GPT(model_config, seed=0).to(device).train()
     optimizer = make_optimizer(model, train_config)
     length, batch = model_config.train_length, train_config.batch_size
-    times = []
-    for step in range(warmup + steps):
-        x, y = (t.to(device) for t in batch_at(train_tokens, step, 0, batch, length))
+
+    def step(i: int) -> float:
+        x, y = (t.to(device) for t in batch_at(train_tokens, i, 0, batch, length))
         synchronize(device)
         start = time.perf_counter()
         with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=precision == "bf16"):
@@ -53,9 +56,36 @@ def tokens_per_second(spec: str, precision: str, backend: str, preset: str, step
         loss.backward()
         optimizer.step()
         synchronize(device)
-        if step >= warmup:
-            times.append(time.perf_counter() - start)
-    return batch * length / statistics.median(times)
+        return time.perf_counter() - start
+
+    return step, batch * length
+
+
+def tokens_per_second(spec: str, precision: str, backend: str, preset: str, steps: int, warmup: int,
+                      train_tokens: torch.Tensor, train_length: int | None = None, device: str = "cpu") -> float:
+    step, tokens = make_step(spec, precision, backend, preset, train_tokens, train_length, device)
+    times = [step(i) for i in range(warmup + steps)][warmup:]
+    return tokens / statistics.median(times)
+
+
+def paired_ratio(spec: str, precision: str, backend: str, preset: str, steps: int, warmup: int,
+                 train_tokens: torch.Tensor, train_length: int | None = None, device: str = "cpu",
+                 baseline: str = "none") -> tuple[float, float, float]:
+    """Step time of `spec` over that of `baseline` (same backend and precision), the two models
+    stepped in alternation on the same batches (order swapped every pair): median, min, max of the
+    per-pair ratios, which a shared CPU's drift between minutes does not move."""
+    ours, _ = make_step(spec, precision, backend, preset, train_tokens, train_length, device)
+    base, _ = make_step(baseline, precision, backend, preset, train_tokens, train_length, device)
+    for i in range(warmup):
+        ours(i), base(i)
+    ratios = []
+    for i in range(warmup, warmup + steps):
+        if i % 2:
+            a, b = ours(i), base(i)
+        else:
+            b, a = base(i), ours(i)
+        ratios.append(a / b)
+    return statistics.median(ratios), min(ratios), max(ratios)
 
 
 def synchronize(device: str) -> None:
@@ -72,6 +102,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--paired", action="store_true",
+                        help="instead: each variant's step time over `none`'s, stepped in alternation")
     parser.add_argument("--train-length", type=int, default=None, help="override the preset's (same tokens per step)")
     args = parser.parse_args(argv)
     train_tokens = torch.from_numpy(load_splits(None).train)
@@ -81,6 +113,20 @@ def main(argv: list[str]) -> int:
                   title_justify="left")
     for column in ("variant", "backend", "precision", "tokens/s", "vs fp32"):
         table.add_column(column, justify="left" if column in ("variant", "backend", "precision") else "right")
+    if args.paired:
+        paired = Table(title=f"Training step time over none's, stepped in alternation, preset {args.preset}, "
+                             f"length {length} (median of {args.steps} pairs)", title_justify="left")
+        for column in ("variant", "backend", "precision", "x none", "range"):
+            paired.add_column(column, justify="left" if column in ("variant", "backend", "precision") else "right")
+        for spec in [v for v in args.variants if v != "none"]:
+            for backend in args.backends:
+                for precision in args.precisions:
+                    ratio, low, high = paired_ratio(spec, precision, backend, args.preset, args.steps, args.warmup,
+                                                    train_tokens, args.train_length, args.device)
+                    paired.add_row(spec, backend, precision, f"{ratio:.2f}x", f"{low:.2f}-{high:.2f}")
+                    console.print(f"{spec:<14} {backend:<10} {precision:<5} {ratio:.2f}x none ({low:.2f}-{high:.2f})")
+        console.print(paired)
+        return 0
     for spec in args.variants:
         for backend in args.backends:
             base = None
