@@ -5,10 +5,10 @@ counted."""
 import pytest
 import torch
 
-from relbench import attention as attention_module
+from relbench import fused as fused_module
 from relbench import positions
-from relbench.attention import (BACKENDS, attention, check, chunked_attention, linear_block, recording, resolve,
-                                split_attention, split_linear_attention, toeplitz_attention, toeplitz_block)
+from relbench.attention import BACKENDS, attention, check, chunked_attention, recording, resolve
+from relbench.fused import linear_block, split_attention, split_linear_attention, toeplitz_attention, toeplitz_block
 from relbench.errors import UsageError
 from relbench.positions.base import PositionEncoding
 from relbench.positions.plan import toeplitz
@@ -47,8 +47,8 @@ def prepared(enc, q_len, k_len, batch=2):
 def merges(monkeypatch):
     """The log-sum-exp merges the split paths make, one entry per call of `_merge`."""
     calls = []
-    original = attention_module._merge
-    monkeypatch.setattr(attention_module, "_merge", lambda *a: calls.append(1) or original(*a))
+    original = fused_module._merge
+    monkeypatch.setattr(fused_module, "_merge", lambda *a: calls.append(1) or original(*a))
     return calls
 
 
@@ -160,8 +160,8 @@ def test_toeplitz_matches_reference_for_every_block_and_query_suffix(spec, q_len
     """Blocks of 1 row up to one block for the whole sequence, square and query suffixes: the
     strided mask view lines up with the reference bias and causal mask, one kernel call per block."""
     calls = []
-    original = attention_module._attend_lse
-    monkeypatch.setattr(attention_module, "_attend_lse", lambda *a, **k: calls.append(a[0].shape[-2]) or original(*a, **k))
+    original = fused_module._attend_lse
+    monkeypatch.setattr(fused_module, "_attend_lse", lambda *a, **k: calls.append(a[0].shape[-2]) or original(*a, **k))
     enc = encoding(spec)
     q, k, v, plan = prepared(enc, q_len, k_len)
     ref = attention(q, k, v, plan, "reference")

@@ -27,6 +27,11 @@ def distance_grid(q_start: int, q_end: int, k_start: int, k_end: int, device=Non
             - torch.arange(k_start, k_end, device=device)[None, :])
 
 
+def causal_mask(q_len: int, k_len: int, device=None) -> Tensor:
+    """(Lq, Lk) boolean, True where the key lies after the query (masked)."""
+    return distance_grid(k_len - q_len, k_len, 0, k_len, device) < 0
+
+
 class _ToeplitzGather(torch.autograd.Function):
     """values[..., index] for a Toeplitz index (constant along diagonals), with a backward that
     sums the gradient along diagonals instead of scatter-adding L^2 single elements."""
