@@ -71,49 +71,35 @@ def paired_ratios(specs: list[str], lengths: list[int], batch: int, heads: int, 
                   pairs: int, console: Console) -> pd.DataFrame:
     """Per variant and length: the `auto` path (position terms included) and unbiased causal SDPA
     timed in alternation; the median, min and max of the per-pair time ratios."""
-    import time
-
     import torch
     import torch.nn.functional as F
 
     from relbench import positions
     from relbench.attention import attention, flush_denormals, path_label, recording
-    from relbench.profile import position_terms, synchronize
-
-    def timed(fn) -> float:
-        start = time.perf_counter()
-        fn()
-        synchronize(device)
-        return time.perf_counter() - start
+    from relbench.profile import interleaved, paired, position_terms
 
     rows = []
     with torch.no_grad(), flush_denormals():
         for length in lengths:
             generator = torch.Generator().manual_seed(0)
             q, k, v = (torch.randn((batch, heads, length, head_dim), generator=generator).to(device) for _ in range(3))
-            floor = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
             for spec in specs:
                 position = positions.build_spec(spec, n_heads=heads, head_dim=head_dim, train_length=256).to(device)
                 position.reset_parameters(torch.Generator().manual_seed(0))
                 if position.max_length is not None and length > position.max_length:
                     continue
 
-                def run():
+                def run(_: int, position=position) -> None:
                     q_rot, k_rot, plan = position_terms(position, q, k, length)
-                    return attention(q_rot, k_rot, v, plan, "auto")
+                    attention(q_rot, k_rot, v, plan, "auto")
 
-                with recording() as taken:
-                    timed(run)
-                timed(floor)
-                ratios = []
+                def floor(_: int) -> None:
+                    F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
                 n = pairs if length < 16384 else max(1, pairs // 2)
-                for i in range(n):
-                    if i % 2:
-                        a, b = timed(run), timed(floor)
-                    else:
-                        b, a = timed(floor), timed(run)
-                    ratios.append(a / b)
-                ratios.sort()
+                with recording() as taken:
+                    times = interleaved({"auto": run, "floor": floor}, n, warmup=1, device=device)
+                ratios = paired(times["auto"], times["floor"])
                 rows.append(dict(variant=spec, length=length, path=path_label(taken), pairs=n,
                                  ratio=statistics.median(ratios), low=ratios[0], high=ratios[-1]))
                 console.print(f"{spec:<14} L={length:<6} auto/{'sdpa':<4} {rows[-1]['ratio']:.2f}x "

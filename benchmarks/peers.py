@@ -58,7 +58,6 @@ import argparse
 import dataclasses
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import version
@@ -75,6 +74,7 @@ from relbench.attention import attention, flush_denormals, path_label, recording
 from relbench.batches import lm_batch
 from relbench.config import resolve
 from relbench.model import GPT
+from relbench.profile import interleaved
 from relbench.train import make_optimizer
 
 INSTALL = "x-transformers is not installed: pip install -e '.[peers]'"
@@ -238,19 +238,6 @@ def same_label(diff: float) -> str:
 
 
 # ---- timing ---------------------------------------------------------------------------------------------
-def interleaved(calls: dict[str, Callable[[int], object]], repeats: int, warmup: int) -> dict[str, list[float]]:
-    """Seconds per call of each function, calling them in turn (round r calls each with r), so that
-    load from other processes falls on all of them alike; warm-up rounds are not recorded."""
-    times: dict[str, list[float]] = {key: [] for key in calls}
-    for round_ in range(warmup + repeats):
-        for key, fn in calls.items():
-            start = time.perf_counter()
-            fn(round_)
-            if round_ >= warmup:
-                times[key].append(time.perf_counter() - start)
-    return times
-
-
 def median_ms(times: list[float]) -> float:
     return statistics.median(times) * 1000
 

@@ -16,7 +16,6 @@ import argparse
 import dataclasses
 import statistics
 import sys
-import time
 
 import relbench  # noqa: F401  (first: sets the OpenMP wait policy before torch loads)
 import torch
@@ -29,13 +28,14 @@ from relbench.config import resolve
 from relbench.data import load_splits
 from relbench.model import GPT
 from relbench.batches import lm_batch as batch_at
+from relbench.profile import interleaved, paired
 from relbench.train import make_optimizer
 
 
 def make_step(spec: str, precision: str, backend: str, preset: str, train_tokens: torch.Tensor,
               train_length: int | None = None, device: str = "cpu"):
     """A model and optimiser of the preset for `spec`, and a function that runs training step i
-    (forward, loss, backward, AdamW) and returns its seconds; plus the tokens per step."""
+    (forward, loss, backward, AdamW) on batch i; plus the tokens per step."""
     model_config, train_config, _ = resolve(preset, model={"train_length": train_length})
     if train_length:  # keep the tokens per step of the preset
         base = resolve(preset)[0].train_length * train_config.batch_size
@@ -45,18 +45,14 @@ def make_step(spec: str, precision: str, backend: str, preset: str, train_tokens
     optimizer = make_optimizer(model, train_config)
     length, batch = model_config.train_length, train_config.batch_size
 
-    def step(i: int) -> float:
+    def step(i: int) -> None:
         x, y = (t.to(device) for t in batch_at(train_tokens, i, 0, batch, length))
-        synchronize(device)
-        start = time.perf_counter()
         with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=precision == "bf16"):
             logits = model(x)
         loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        synchronize(device)
-        return time.perf_counter() - start
 
     return step, batch * length
 
@@ -64,8 +60,7 @@ def make_step(spec: str, precision: str, backend: str, preset: str, train_tokens
 def tokens_per_second(spec: str, precision: str, backend: str, preset: str, steps: int, warmup: int,
                       train_tokens: torch.Tensor, train_length: int | None = None, device: str = "cpu") -> float:
     step, tokens = make_step(spec, precision, backend, preset, train_tokens, train_length, device)
-    times = [step(i) for i in range(warmup + steps)][warmup:]
-    return tokens / statistics.median(times)
+    return tokens / statistics.median(interleaved({spec: step}, steps, warmup, device)[spec])
 
 
 def paired_ratio(spec: str, precision: str, backend: str, preset: str, steps: int, warmup: int,
@@ -76,21 +71,9 @@ def paired_ratio(spec: str, precision: str, backend: str, preset: str, steps: in
     per-pair ratios, which a shared CPU's drift between minutes does not move."""
     ours, _ = make_step(spec, precision, backend, preset, train_tokens, train_length, device)
     base, _ = make_step(baseline, precision, backend, preset, train_tokens, train_length, device)
-    for i in range(warmup):
-        ours(i), base(i)
-    ratios = []
-    for i in range(warmup, warmup + steps):
-        if i % 2:
-            a, b = ours(i), base(i)
-        else:
-            b, a = base(i), ours(i)
-        ratios.append(a / b)
-    return statistics.median(ratios), min(ratios), max(ratios)
-
-
-def synchronize(device: str) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
+    times = interleaved({"ours": ours, "base": base}, steps, warmup, device)
+    ratios = paired(times["ours"], times["base"])
+    return statistics.median(ratios), ratios[0], ratios[-1]
 
 
 def main(argv: list[str]) -> int:

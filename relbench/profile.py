@@ -134,6 +134,30 @@ def measure(fn: Callable[[], object], device: torch.device | str, repeats: int =
     return Timing(statistics.median(times), min(times), max(times), extra.mb, first)
 
 
+def interleaved(calls: dict[str, Callable[[int], object]], repeats: int, warmup: int = 1,
+                device: torch.device | str = "cpu") -> dict[str, list[float]]:
+    """Seconds per call of each function, called in turn every round (round r calls each with r;
+    the order reversed every other round), the device synchronised around each call, so that load
+    from other processes and a shared CPU's drift fall on all of them alike; warm-up rounds are not
+    recorded. Ratios of the same round's times (`paired`) are what the benchmarks compare."""
+    times: dict[str, list[float]] = {key: [] for key in calls}
+    for round_ in range(warmup + repeats):
+        order = list(calls.items()) if round_ % 2 == 0 else list(reversed(calls.items()))
+        for key, fn in order:
+            synchronize(device)
+            start = time.perf_counter()
+            fn(round_)
+            synchronize(device)
+            if round_ >= warmup:
+                times[key].append(time.perf_counter() - start)
+    return times
+
+
+def paired(numerator: list[float], denominator: list[float]) -> list[float]:
+    """The per-round ratios of two `interleaved` time lists, sorted."""
+    return sorted(a / b for a, b in zip(numerator, denominator))
+
+
 def position_terms(position: PositionEncoding, q: torch.Tensor, k: torch.Tensor, length: int):
     """Everything the scheme computes before attention: absolute embedding, bias plan, rotation."""
     position.embed(length)
