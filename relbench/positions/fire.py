@@ -70,12 +70,7 @@ class FirePlan(BiasPlan):
         query = torch.arange(q_start, q_end, device=device, dtype=torch.float64)
         normaliser = fire.psi(torch.maximum(query.float(), fire.threshold())) + EPS                # (bq,): N_i
         x = torch.div(hankel, normaliser[:, None]).flip(-1)                                       # (bq, keys)
-        const, slope, kinks, gain, moving = (t.detach() for t in fire.ramps())
-        # x lies in [0, 1) for keys up to the query: a ramp with t <= 0 is a line, one with t >= 1 zero
-        line, ramp = moving & (kinks <= 0), moving & (kinks > 0) & (kinks < 1)
-        const = const - (gain * kinks * line).sum(-1)
-        slope = slope + (gain * line).sum(-1)
-        t, g = kinks[ramp], gain[:, ramp]                                                         # (K,), (H, K)
+        const, slope, t, g = (r.detach() for r in fire.ramps(0.0, 1.0))   # x lies in [0, 1) up to the query
         bound = query[None] - torch.expm1(t.double()[:, None] * normaliser.double()[None]) / fire.c.double().abs()
         out = x.new_empty(heads, rows, k_end)
         thresholds, gains = t.tolist(), [g[:, k].view(heads, 1, 1) for k in range(t.shape[0])]
@@ -105,19 +100,15 @@ class FirePlan(BiasPlan):
         return self.fire.c.requires_grad
 
     def score_mod(self) -> Callable:
-        """f as its ramps (Fire.ramps): const + slope x + sum_k g_k relu(x - t_k) over the kinks that
+        """f as its ramps on [0, 1) (Fire.ramps): const + slope x + sum_k g_k relu(x - t_k) over the kinks that
         can fall inside [0, 1), fewer terms than the MLP's hidden units. FlexAttention cannot
         differentiate a captured tensor indexed more than once, and on an H200 its backward did not
         lower with 0-d captured tensors that need a gradient: every coefficient, c and the
         threshold included, is its own (H,) tensor, indexed once by the head."""
         fire, offset, heads = self.fire, self.k_len - self.q_len, self.n_heads
-        const, slope, kinks, gain, moving = fire.ramps()
-        line, ramp = moving & (kinks <= 0).detach(), moving & (kinks > 0).detach() & (kinks < 1).detach()
-        const = const - (gain * kinks * line).sum(-1)             # ramps that are lines on [0, 1)
-        slope = slope + (gain * line).sum(-1)
-        where = ramp.nonzero().flatten().tolist()
+        const, slope, t, g = fire.ramps(0.0, 1.0)                 # x lies in [0, 1)
         per_head = lambda scalar: scalar.expand(heads).clone()    # noqa: E731  (own storage, (H,))
-        terms = [(per_head(kinks[u]), gain[:, u].clone()) for u in where]
+        terms = [(per_head(t[k]), g[:, k].clone()) for k in range(t.shape[0])]
         c_h, threshold_h = per_head(fire.c), per_head(fire.threshold())
 
         def add_fire_bias(score, b, h, q_idx, kv_idx):
@@ -173,19 +164,11 @@ class Fire(PositionEncoding):
         the K kinks inside, in place of the MLP's (1 + H) x width products per element and its
         (N, H) -> (H, N) transpose. Differentiable in x and in the MLP's weights, as the MLP is;
         plans use it where no gradient is needed (the MLP's backward is faster)."""
-        const, slope, kinks, gain, moving = self.ramps()
         w1 = self.mlp[0].weight
         x = x.to(w1.dtype)
         flat = x.reshape(1, -1)                                                            # (1, N)
-        if flat.numel():
-            low, high = flat.detach().aminmax()
-            below, inside = moving & (kinks.detach() <= low), moving & (kinks.detach() > low) & (kinks.detach() < high)
-        else:
-            below = inside = torch.zeros_like(moving)
-        on = below.to(w1.dtype)                      # ramps that are lines over the whole range
-        const = const - (gain * on * kinks).sum(-1)
-        slope = slope + (gain * on).sum(-1)
-        t, g = kinks[inside], gain[:, inside]                                              # (K,), (H, K)
+        low, high = flat.detach().aminmax() if flat.numel() else (0.0, 0.0)
+        const, slope, t, g = self.ramps(low, high)                                         # (H,) (H,) (K,) (H, K)
         if torch.is_grad_enabled() and (flat.requires_grad or w1.requires_grad):
             features = torch.cat([torch.ones_like(flat), flat, (flat - t[:, None]).clamp_min(0)])
         else:   # the same, written in place: no concatenation of (K, N) pieces
@@ -194,11 +177,13 @@ class Fire(PositionEncoding):
             features[1] = flat[0]
             torch.sub(flat, t[:, None], out=features[2:]).clamp_min_(0)
         coefficients = torch.cat([const[:, None], slope[:, None], g], dim=1)               # (H, 2 + K)
-        return (coefficients @ features).view(gain.shape[0], *x.shape)
+        return (coefficients @ features).view(g.shape[0], *x.shape)
 
-    def ramps(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-        """f(x) = const + slope x + sum_u gain[:, u] relu(x - kinks[u]) over the units that move
-        (`moving`, w1 != 0), exactly: (H,), (H,), (W,), (H, W), (W,) bool. See `curve`."""
+    def ramps(self, low, high) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """f(x) = const + slope x + sum_k g[:, k] relu(x - t[k]) exactly for x in [low, high]: the
+        ramps of the units that move (w1 != 0) whose kink lies inside (low, high), (H,), (H,), (K,),
+        (H, K); one with its kink at or below `low` is a line there, folded into const and slope,
+        and one at or above `high` is zero. See `curve`."""
         first, second = self.mlp[0], self.mlp[2]
         w1, b1, w2, b2 = first.weight[:, 0], first.bias, second.weight, second.bias       # (W,) (W,) (H, W) (H,)
         moving = (w1 != 0).detach()
@@ -209,7 +194,12 @@ class Fire(PositionEncoding):
         const = b2 + (w2 * torch.where(moving, falling * w1.abs() * kinks, torch.relu(b1))).sum(-1)   # (H,)
         slope = -(gain * falling).sum(-1)                                                  # (H,)
         flat_on = (~moving & (b1 > 0)).to(w1.dtype)  # a unit with w1 = 0 adds w1 x: zero, but it has a gradient
-        return const, slope + (w2 * flat_on * w1).sum(-1), kinks, gain, moving
+        slope = slope + (w2 * flat_on * w1).sum(-1)
+        line = (moving & (kinks.detach() <= low)).to(w1.dtype)
+        inside = moving & (kinks.detach() > low) & (kinks.detach() < high)
+        const = const - (gain * line * kinks).sum(-1)
+        slope = slope + (gain * line).sum(-1)
+        return const, slope, kinks[inside], gain[:, inside]
 
     def plan(self, q_len: int, k_len: int, q: Tensor | None = None) -> FirePlan:
         return FirePlan(self, q_len, k_len)
