@@ -12,14 +12,16 @@ from typing import Annotated, Any
 import torch
 import typer
 
-from relbench import checkpoints, memory, positions, report, results
+from relbench import checkpoints, memory, positions, report, results, tracking
 from relbench import cli_tools  # noqa: F401  (registers variants, profile and inspect)
 from relbench.attention import check, flush_denormals
-from relbench.cli_common import (Attention, Device, Lengths, PositionLR, Precision, RunDir, Variants, _check_backend,
-                                 all_variants, app, console, position_lr_overrides, resolve_device, unique)
+from relbench.cli_common import (Attention, ConfigFile, Device, Lengths, Log, PositionLR, Precision, Preset, RunDir,
+                                 TrainAttention, Variants, _check_backend, all_variants, app, console,
+                                 position_lr_overrides, resolve_device, unique)
 from relbench.cli_group import spread_variadic  # noqa: F401  (part of the module's API)
-from relbench.config import (DEFAULT_PRESET, PRESETS, EvalConfig, ModelConfig, TrainConfig, resolve,
-                             resolve_precision, to_dict)
+from relbench import __version__ as relbench_version
+from relbench.config import (DataConfig, EvalConfig, Experiment, ModelConfig, TrainConfig, experiment, read_file,
+                             resolve_precision, to_dict, to_toml)
 from relbench.errors import RelbenchError, UsageError, unknown
 
 
@@ -35,55 +37,81 @@ def _check_training_memory(specs: list[str], model: ModelConfig, train: TrainCon
                    f"{model.train_length} (preset {preset})", "use a smaller --batch-size or --train-length")
 
 
-def _train(run_dir: Path, variants: list[str] | None, preset: str, dataset: str | None, seeds: list[int] | None,
-           steps: int | None, train_length: int | None, batch_size: int | None, lr: float | None,
-           device: str, force: bool, attention: str = "auto", precision: str | None = None,
-           position_lr_scale: str | None = None, untuned: bool = False) -> dict[str, Any]:
-    from relbench.data import load_splits
-    from relbench.train import train_run
+def _experiment(preset: str | None, config: Path | None, variants: list[str] | None = None,
+                seeds: list[int] | None = None, **sections: dict[str, Any]) -> tuple[Experiment, list[str], list[int]]:
+    """The experiment of a command: preset < --config file < the options given (`sections`: the
+    options of each of data/model/train/eval; None values are not given), with its variants and seeds."""
+    exp = experiment(preset, config, sections)
+    return exp, all_variants(variants or exp.variants), unique("seed", seeds or exp.seeds or [0])
 
-    specs = all_variants(variants)
-    model_config, train_config, eval_config = resolve(
-        preset, model={"train_length": train_length},
-        train={"steps": steps, "batch_size": batch_size, "lr": lr, "attention": attention, "precision": precision,
-               **position_lr_overrides(position_lr_scale), **({"position_lr_scales": {}} if untuned else {})})
-    seeds = unique("seed", seeds or [0])
-    target = resolve_device(device)
-    train_config.precision = resolve_precision(train_config.precision, target)
-    for spec in specs:  # an impossible backend for a variant fails here, before any work
-        _check_backend(attention, spec, model_config, target, training=True)
-    _check_training_memory(specs, model_config, train_config, preset, target)
-    splits = load_splits(dataset)
-    run_config = {"preset": preset, "model": to_dict(model_config), "train": to_dict(train_config),
-                  "eval": to_dict(eval_config), "dataset": dataset or "sotu", "tokenizer": splits.tokenizer.name,
-                  "dataset_description": splits.description}
+
+def _run_config(exp: Experiment, specs: list[str], seeds: list[int], description: str) -> dict[str, Any]:
+    """What config.json records of a run (config.toml holds the same, see `_write_config`)."""
+    run_config = {"preset": exp.preset, "model": to_dict(exp.model), "train": to_dict(exp.train),
+                  "eval": to_dict(exp.eval), "data": to_dict(exp.data), "dataset": exp.data.dataset,
+                  "tokenizer": exp.data.tokenizer, "dataset_description": description, "variants": specs,
+                  "seeds": seeds}
     run_config["model"].pop("position")
     run_config["model"].pop("attention")
     run_config["train"].pop("seed")
+    return run_config
+
+
+def _write_config(run_dir: Path, run_config: dict[str, Any], description: str) -> None:
+    """RUN/config.json and RUN/config.toml, the same configuration: `relbench train --config
+    RUN/config.toml --run-dir NEW` trains the run again (the environment is only in the JSON)."""
+    results.write_json(Path(run_dir) / results.CONFIG, run_config)
+    tables = {"preset": run_config["preset"], **({"description": description} if description else {}),
+              **{k: run_config[k] for k in ("variants", "seeds", "data", "model", "train", "eval")}}
+    header = (f"# The resolved configuration of this run, written by relbench {relbench_version}. Reproduce it with\n"
+              f"#   relbench train --config {Path(run_dir) / results.CONFIG_TOML} --run-dir NEW_RUN_DIR\n")
+    results.atomic_write_text(Path(run_dir) / results.CONFIG_TOML, to_toml(tables, header))
+
+
+def _same_run(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """The parts of a run's configuration that differ (a run directory holds one configuration)."""
+    old_data = old.get("data") or {"dataset": old.get("dataset"), "tokenizer": old.get("tokenizer")}
+    old_data = to_dict(DataConfig(**old_data))   # a config.json from before [data] had its defaults
+    return [key for key in ("model", "train", "data") if (old_data if key == "data" else old.get(key)) != new[key]]
+
+
+def _train(run_dir: Path, exp: Experiment, specs: list[str], seeds: list[int], device: str, force: bool,
+           log: str = "none") -> dict[str, Any]:
+    from relbench.data import load_splits
+    from relbench.train import train_run
+
+    target = resolve_device(device)
+    logger = tracking.open_logger(log, run_dir)   # a missing package fails here, before any work
+    model_config, train_config = exp.model, exp.train
+    train_config.precision = resolve_precision(train_config.precision, target)
+    for spec in specs:  # an impossible backend for a variant fails here, before any work
+        _check_backend(train_config.attention, spec, model_config, target, training=True)
+    _check_training_memory(specs, model_config, train_config, exp.preset, target)
+    splits = load_splits(None if exp.data.dataset == "sotu" else exp.data.dataset, exp.data.tokenizer)
+    run_config = _run_config(exp, specs, seeds, splits.description)
     config_path = Path(run_dir) / results.CONFIG
     if config_path.is_file():
         old = results.read_json(config_path)
-        differs = [key for key in ("model", "train", "dataset", "tokenizer") if old.get(key) != run_config[key]]
+        differs = _same_run(old, run_config)
         if differs:
             raise UsageError(f"{run_dir} holds a run with a different {' and '.join(differs)} configuration "
                              f"(preset {old.get('preset')}); use another --run-dir, or delete {run_dir} to start over")
         known = old.get("variants", [])
         run_config["variants"] = known + [s for s in specs if s not in known]
         run_config["seeds"] = sorted(set(old.get("seeds", [])) | set(seeds))
-    else:
-        run_config["variants"], run_config["seeds"] = specs, seeds
     run_config["environment"] = results.environment(str(target))
-    results.write_json(config_path, run_config)
+    _write_config(run_dir, run_config, exp.description)
     console.print(f"training {len(specs)} variant(s) x {len(seeds)} seed(s) on {splits.description}: "
                   f"{splits.sizes()['train']:,} train tokens; run directory {run_dir}")
-    train_run(Path(run_dir), specs, seeds, run_config, splits, target, force, console)
+    train_run(Path(run_dir), specs, seeds, run_config, splits, target, force, console, logger)
     return run_config
 
 
 @app.command("train")
 def train_command(
     variants: Variants = None,
-    preset: Annotated[str, typer.Option(help=f"Named preset: {', '.join(PRESETS)}.")] = DEFAULT_PRESET,
+    preset: Preset = None,
+    config: ConfigFile = None,
     dataset: Annotated[str | None, typer.Option(help="A .txt file or folder of .txt files, .jsonl/.parquet with a "
                                                 "text column, or a hub name name[:config]. Default: the embedded corpus.")] = None,
     run_dir: RunDir = results.DEFAULT_RUN_DIR,
@@ -93,26 +121,32 @@ def train_command(
     train_length: Annotated[int | None, typer.Option(help="Training context length (overrides the preset).")] = None,
     batch_size: Annotated[int | None, typer.Option(help="Sequences per step (overrides the preset).")] = None,
     lr: Annotated[float | None, typer.Option(help="Peak learning rate (overrides the preset).")] = None,
-    attention: Attention = "auto",
+    attention: TrainAttention = None,
     precision: Precision | None = None,
     position_lr_scale: PositionLR = None,
     device: Device = "auto",
     force: Annotated[bool, typer.Option(help="Train again variants that already have a finished checkpoint.")] = False,
+    log: Log = "none",
 ) -> None:
     """Train one small causal LM per variant, with the same seed, data order and batches.
 
     Example: relbench train --variants xl t5 alibi --preset quick
+             relbench train --config experiment.toml --steps 800      (options override the file)
     """
+    exp, specs, seeds = _experiment(
+        preset, config, variants, seeds, data={"dataset": dataset}, model={"train_length": train_length},
+        train={"steps": steps, "batch_size": batch_size, "lr": lr, "attention": attention, "precision": precision,
+               **position_lr_overrides(position_lr_scale)})
     with results.RunLock(run_dir):
-        _train(run_dir, variants, preset, dataset, seeds, steps, train_length, batch_size, lr, device, force,
-               attention, precision, position_lr_scale)
+        _train(run_dir, exp, specs, seeds, device, force, log)
 
 
 @app.command("tune-lr")
 def tune_lr_command(
     variants: Variants = None,
     grid: Annotated[list[float] | None, typer.Option(help="Multipliers to try (default: 1 3 10 30 100).")] = None,
-    preset: Annotated[str, typer.Option(help=f"Named preset: {', '.join(PRESETS)}.")] = DEFAULT_PRESET,
+    preset: Preset = None,
+    config: ConfigFile = None,
     dataset: Annotated[str | None, typer.Option(help="As for `relbench train` (default: the embedded corpus).")] = None,
     run_dir: Annotated[Path, typer.Option("--run-dir", help="Run directory of the sweep.")] = Path("runs") / "lr-sweep",
     seeds: Annotated[list[int] | None, typer.Option(help="Seeds per multiplier (default: 0).")] = None,
@@ -130,16 +164,16 @@ def tune_lr_command(
     """
     from relbench import tune
 
-    model_config, _, _ = resolve(preset)
-    shape = dict(n_heads=model_config.n_heads, head_dim=model_config.head_dim, d_model=model_config.d_model,
-                 train_length=model_config.train_length)
-    specs = all_variants(variants or tune.learned_variants(shape))
+    # every grid spec sets its own multiplier; the preset's table plays no part
+    exp = experiment(preset, config, {"data": {"dataset": dataset}, "train": {"steps": steps, "position_lr_scales": {}}})
+    shape = dict(n_heads=exp.model.n_heads, head_dim=exp.model.head_dim, d_model=exp.model.d_model,
+                 train_length=exp.model.train_length)
+    specs = all_variants(variants or exp.variants or tune.learned_variants(shape))
     grid = tune.validate_grid(list(grid or tune.GRID))
-    seeds = unique("seed", seeds or [0])
+    seeds = unique("seed", seeds or exp.seeds or [0])
     grid_specs = [tune.grid_spec(spec, scale) for spec in specs for scale in grid]
     with results.RunLock(run_dir):
-        config = _train(run_dir, grid_specs, preset, dataset, seeds, steps, None, None, None, device, False,
-                        untuned=True)  # every grid spec sets its own multiplier; the preset's table plays no part
+        config = _train(run_dir, exp, all_variants(grid_specs), seeds, device, False)
         frame = tune.collect(run_dir, specs, grid, seeds)
         chosen = tune.write(run_dir, frame, config)
     console.print(report.rich_table("Validation loss at the training length per position learning-rate multiplier "
@@ -151,7 +185,8 @@ def tune_lr_command(
 def _extrapolate(run_dir: Path, lengths: list[int] | None, variants: list[str] | None, attention: str,
                  eval_tokens: int | None, device: str, seeds: list[int] | None = None,
                  modes: list[str] | None = None, stride: int | None = None, force: bool = False,
-                 tasks: list[str] | None = None, trials: int | None = None) -> None:
+                 tasks: list[str] | None = None, trials: int | None = None,
+                 eval_overrides: dict[str, Any] | None = None) -> None:
     from relbench.data import load_splits
     from relbench.evaluate import MODES, longest_length, scored_text, validate_lengths
     from relbench.extrapolate import extrapolate_run
@@ -163,7 +198,8 @@ def _extrapolate(run_dir: Path, lengths: list[int] | None, variants: list[str] |
     for mode in modes:
         if mode not in MODES:
             raise unknown("evaluation mode", mode, list(MODES))
-    eval_config = EvalConfig(**{**config.get("eval", {}), **({"eval_tokens": eval_tokens} if eval_tokens else {})})
+    eval_config = EvalConfig(**{**config.get("eval", {}), **(eval_overrides or {}),
+                                **({"eval_tokens": eval_tokens} if eval_tokens else {})})
     tasks = unique("task", tasks or eval_config.tasks)
     for task in tasks:
         if task not in TASKS:
@@ -191,7 +227,7 @@ def _extrapolate(run_dir: Path, lengths: list[int] | None, variants: list[str] |
     for spec in dict.fromkeys(s for s, _ in trained):
         _check_backend(attention, spec, model_config, target, training=False)
     splits = load_splits(None if config["dataset"] == "sotu" else config["dataset"])
-    lengths = validate_lengths(list(lengths) if lengths else [m * train_length for m in eval_config.length_multiples],
+    lengths = validate_lengths(list(lengths or eval_config.lengths or [m * train_length for m in eval_config.length_multiples]),
                                longest_length(splits.test.size))
     stride = stride if stride is not None else max(1, train_length // 2)
     if stride < 1:
@@ -221,6 +257,9 @@ def extrapolate_command(
     trials: Annotated[int | None, typer.Option(help="copy: trials per distance; passkey: trials per length and "
                                                  "depth (default: the preset's).")] = None,
     seeds: Annotated[list[int] | None, typer.Option(help="Seeds to evaluate (default: every trained seed).")] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="An experiment file (TOML): its variants, seeds "
+                                                "and [eval] table (tasks, lengths, trials, eval_tokens) replace the "
+                                                "run's; options given here override it.")] = None,
     attention: Attention = "auto",
     eval_tokens: Annotated[int | None, typer.Option(help="Scored test tokens per length (default: the preset's).")] = None,
     device: Device = "auto",
@@ -239,9 +278,10 @@ def extrapolate_command(
     if eval_tokens is not None and eval_tokens < 1:
         raise UsageError("--eval-tokens must be positive")
     results.require_run(run_dir)
+    file = read_file(config) if config is not None else {}
     with results.RunLock(run_dir):
-        _extrapolate(run_dir, lengths, variants, attention, eval_tokens, device, seeds, mode, stride, force, task,
-                     trials)
+        _extrapolate(run_dir, lengths, variants or file.get("variants"), attention, eval_tokens, device,
+                     seeds or file.get("seeds"), mode, stride, force, task, trials, file.get("eval"))
 
 
 @app.command("report")
@@ -264,21 +304,25 @@ def _report(run_dir: Path) -> None:
 @app.command("bench")
 def bench_command(
     variants: Variants = None,
-    preset: Annotated[str, typer.Option(help=f"Named preset: {', '.join(PRESETS)}.")] = DEFAULT_PRESET,
+    preset: Preset = None,
+    config: ConfigFile = None,
     lengths: Lengths = None,
     run_dir: RunDir = results.DEFAULT_RUN_DIR,
     position_lr_scale: PositionLR = None,
     device: Device = "auto",
+    log: Log = "none",
 ) -> None:
-    """Train, extrapolate and report in one go on the embedded corpus (the default preset: quick).
+    """Train, extrapolate and report in one go (default: the quick preset on the embedded corpus).
 
     Example: relbench bench        (all 16 variants, lengths 256 1024 4096; after its first training steps it
     prints how long the training should take on this machine; the README quotes measured times per CPU)
+             relbench bench --config examples/alibi-vs-xl.toml
     """
+    exp, specs, seeds = _experiment(preset, config, variants, train=position_lr_overrides(position_lr_scale))
     with results.RunLock(run_dir):
-        config = _train(run_dir, variants, preset, None, None, None, None, None, None, device, False,
-                        position_lr_scale=position_lr_scale)
-        _extrapolate(run_dir, lengths, variants or config["variants"], "auto", None, device)
+        _train(run_dir, exp, specs, seeds, device, False, log)
+        _extrapolate(run_dir, lengths, specs, "auto", None, device, seeds,
+                     eval_overrides=read_file(config).get("eval") if config is not None else None)
         _report(run_dir)
 
 

@@ -34,6 +34,17 @@ Attention = Annotated[str, typer.Option(help=f"Attention backend: {', '.join(BAC
 Precision = Annotated[str, typer.Option(help=f"Training precision: {', '.join(PRECISIONS)} (bf16: autocast of "
                                                  "matrix products, fp32 weights; auto: bf16 where the hardware "
                                                  "has it natively, so results depend on the host). Default: fp32.")]
+TrainAttention = Annotated[str | None, typer.Option("--attention", help=f"Attention backend for training: "
+                                                    f"{', '.join(BACKENDS)} (default: the preset's, auto: the "
+                                                    "fastest exact path for the device).")]
+Preset = Annotated[str | None, typer.Option(help="Named preset, see `relbench presets` (default: the --config "
+                                            "file's, else quick).")]
+ConfigFile = Annotated[Path | None, typer.Option("--config", help="An experiment file (TOML): preset, variants, "
+                                                 "seeds, [data], [model], [train], [eval]; options given on the "
+                                                 "command line override it. A run's own RUN/config.toml "
+                                                 "reproduces it.")]
+Log = Annotated[str, typer.Option(help="Also mirror the loss curves (train.csv) into: none or tensorboard "
+                                       "(RUN/tensorboard; needs pip install 'relbench[tensorboard]').")]
 PositionLR = Annotated[str | None, typer.Option(help="Learning-rate multiplier of the position parameters: a number "
                                                 "for every variant, or the position_lr.json of a `relbench tune-lr` "
                                                 "sweep (per variant). Default: the preset's tuned multipliers; a "

@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from relbench import checkpoints, memory, positions, report, results
+from relbench import checkpoints, config, memory, positions, report, results
 from relbench.attention import BACKENDS, check
 from relbench.cli_common import Device, RunDir, Variants, all_variants, app, console, resolve_device
 from relbench.config import ModelConfig
@@ -43,6 +43,27 @@ def variants_command(
         params = f"{per:,} (one table)" if enc.shared_across_layers else f"{per * layers:,} ({layers} x {per:,})"
         options = ", ".join(f"{k}={p.default}" for k, p in type(enc).options().items())
         table.add_row(escape(name), enc.family, escape(enc.formula), params if per else "0", escape(options))
+    console.print(table)
+
+
+@app.command("presets")
+def presets_command() -> None:
+    """List the shipped presets (relbench/presets/*.toml): what each trains and on what.
+
+    A preset is an experiment file: `--config my.toml` takes the same format, and may start from a
+    preset with `preset = "quick"`. Example: relbench presets
+    """
+    table = Table(title="Presets (--preset NAME; relbench/presets/NAME.toml)", title_justify="left")
+    for column in ("name", "model", "training", "data", "description"):
+        table.add_column(column)
+    for name in config.preset_names():
+        exp = config.experiment(name)
+        m, t = exp.model, exp.train
+        table.add_row(name + (" (default)" if name == config.DEFAULT_PRESET else ""),
+                      f"{m.n_layers} layers, d {m.d_model}, {m.n_heads} heads, length {m.train_length}",
+                      f"{t.steps:,} steps x {t.batch_size}, lr {t.lr:g}" + (f", {t.task}" if t.task != "lm" else ""),
+                      f"{exp.data.dataset}, {exp.data.tokenizer}" + (" (stream)" if exp.data.stream else ""),
+                      escape(exp.description))
     console.print(table)
 
 

@@ -1,17 +1,28 @@
-"""Configuration dataclasses and named presets.
+"""Configuration dataclasses, presets and experiment files.
 
-A preset fills every field; command-line options override single fields. The whole resolved
-configuration is written to the run directory's config.json, so a run can be reproduced.
+An experiment is resolved in three layers: a preset (a TOML file shipped in relbench/presets; a
+preset may start from another with `preset = "name"`), then an experiment file (`--config
+experiment.toml`, the same format, which may name its base preset), then command-line options. The
+whole resolved configuration is written to the run directory's config.json and config.toml, and
+`relbench train --config RUN/config.toml` reproduces the run.
+
+    preset = "quick"                      # optional: the base (default: quick)
+    variants = ["xl", "alibi", "t5:buckets=64"]
+    seeds = [0, 1]
+    [data]   dataset = "sotu", tokenizer = "bytes"
+    [model]  d_model, n_layers, n_heads, train_length, ...      (ModelConfig)
+    [train]  steps, batch_size, lr, ...                          (TrainConfig)
+    [eval]   eval_tokens, tasks, length_multiples, lengths, ...  (EvalConfig)
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from relbench.errors import UsageError, unknown
+from relbench.errors import UsageError, did_you_mean, unknown
 
 INIT_STD = 0.02  # std of the token embeddings and weight matrices at initialisation (GPT-2)
 
@@ -111,6 +122,7 @@ class EvalConfig:
     max_batch_tokens: int = 16384   # windows per forward pass = max(1, this // length)
     tasks: list[str] = field(default_factory=lambda: ["perplexity"])  # what `extrapolate` measures by default
     length_multiples: list[int] = field(default_factory=lambda: [1, 4, 16])  # default lengths, x train length
+    lengths: list[int] | None = None  # `extrapolate`'s lengths when given (else the multiples)
     trials: int = 20                # copy: trials per distance; passkey: per length and depth
 
     def __post_init__(self) -> None:
@@ -119,66 +131,172 @@ class EvalConfig:
         for task in self.tasks:
             if task not in TASKS:
                 raise unknown("task", task, list(TASKS))
-        if min([self.eval_tokens, self.max_batch_tokens, self.trials, *self.length_multiples]) < 1:
+        if min([self.eval_tokens, self.max_batch_tokens, self.trials, *self.length_multiples, *(self.lengths or [])]) < 1:
             raise UsageError("eval_tokens, max_batch_tokens, trials and length multiples must be positive")
 
 
-# Each variant's position learning-rate multiplier: the one with the lowest validation loss at the
-# training length on the quick preset in `relbench tune-lr` over 1, 3, 10, 30, 100 (fp32, seed 0;
-# results/lr-sweep, where the whole sensitivity table is). The tables (xl, t5, t5-log2) and
-# kerple-log were still improving at 100, the top of the grid. Variants without position
-# parameters are not listed (nothing to scale). Rerun `relbench tune-lr` for another setup.
-TUNED_POSITION_LR = {"dynamic": 30.0, "fire": 30.0, "kerple-log": 100.0, "kerple-power": 30.0, "learned": 3.0,
-                     "shaw": 30.0, "t5": 100.0, "t5-log2": 100.0, "transformer-xl": 10.0, "xl": 100.0}
-
-# Each preset is complete; `quick` is what `relbench bench` runs.
-PRESETS: dict[str, dict[str, dict[str, Any]]] = {
-    "tiny": {   # seconds: tests and smoke runs
-        "model": dict(d_model=32, n_layers=2, n_heads=2, train_length=32),
-        "train": dict(steps=30, batch_size=8, lr=3e-3, warmup_steps=5, eval_every=15, eval_batches=2, checkpoint_every=5),
-        "eval": dict(eval_tokens=2048, max_batch_tokens=4096),
-    },
-    "quick": {  # the default (`relbench bench`): 16 variants trained in 54-67 min on a 2-core AVX2 EPYC (README)
-        "model": dict(d_model=128, n_layers=4, n_heads=4, train_length=256),
-        "train": dict(steps=400, batch_size=8, lr=3e-3, warmup_steps=50, eval_every=100, eval_batches=8,
-                      position_lr_scales=TUNED_POSITION_LR),
-        "eval": dict(eval_tokens=32768, max_batch_tokens=16384, tasks=["perplexity", "copy"], trials=8),
-    },
-    "standard": {  # deeper, trained 3x longer, evaluated on 4x the tokens: about an hour on 2 cores
-        "model": dict(d_model=128, n_layers=6, n_heads=4, train_length=256),
-        "train": dict(steps=1800, batch_size=8, lr=3e-3, warmup_steps=100, eval_every=200, eval_batches=8,
-                      position_lr_scales=TUNED_POSITION_LR),  # tuned on quick, not on this preset
-        "eval": dict(eval_tokens=131072, max_batch_tokens=16384, tasks=["perplexity", "copy"], trials=16),
-    },
-    "retrieval": {  # models that learn passkey retrieval at their training length, to test it at 4x-64x
-        "model": dict(d_model=128, n_layers=2, n_heads=4, train_length=128),
-        "train": dict(steps=1200, batch_size=32, lr=3e-3, warmup_steps=100, min_lr_ratio=1.0, eval_every=100,
-                      eval_batches=4, task="passkey", answer_weight=10.0, text_weight=1.0, depth_curriculum=500,
-                      position_lr_scale=30.0),  # measured on this task (results/retrieval/README.md); the table
-                                                # tuned on quick's language modelling (x100 for t5, xl) stalls it
-        "eval": dict(eval_tokens=32768, max_batch_tokens=16384, tasks=["passkey", "copy"], trials=10,
-                     length_multiples=[1, 4, 16, 64]),
-    },
-}
+PRESET_PACKAGE = "relbench.presets"
 DEFAULT_PRESET = "quick"
+SECTIONS = {"data": "DataConfig", "model": "ModelConfig", "train": "TrainConfig", "eval": "EvalConfig"}
+TOP_KEYS = ("description", "preset", "variants", "seeds", *SECTIONS)
+NOT_IN_FILES = {"model": ("position", "attention"), "train": ("seed",)}   # set by variants, train.attention, seeds
+
+
+@dataclass
+class DataConfig:
+    dataset: str = "sotu"           # see relbench.data.corpus.open_source; "sotu": the embedded corpus
+    tokenizer: str = "bytes"        # see relbench.data.tokenizer
+    stream: bool = False            # a hub dataset read as a stream (datasets streaming), up to max_train_tokens
+    max_train_tokens: int | None = None  # the training split's token budget (None: all of it)
+
+
+@dataclass
+class Experiment:
+    """Everything a run is made of, as resolved from a preset, an experiment file and options."""
+
+    preset: str                     # the preset at the base of the chain
+    data: DataConfig
+    model: ModelConfig
+    train: TrainConfig
+    eval: EvalConfig
+    variants: list[str] | None = None   # None: every variant
+    seeds: list[int] | None = None      # None: [0]
+    description: str = ""
+
+
+def preset_names() -> list[str]:
+    """The presets shipped in the package (relbench/presets/*.toml)."""
+    from importlib import resources
+
+    return sorted(p.name[:-5] for p in resources.files(PRESET_PACKAGE).iterdir() if p.name.endswith(".toml"))
+
+
+def _parse_toml(text: str, where: str) -> dict[str, Any]:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise UsageError(f"{where} is not valid TOML: {error}") from None
+
+
+def read_file(path: str | Path) -> dict[str, Any]:
+    """The raw tables of an experiment file, its keys checked (unknown ones are refused, with the
+    closest known one)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"config file {path} does not exist; give a .toml experiment file "
+                         f"(`relbench presets` lists the shipped ones)") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise UsageError(f"cannot read config file {path}: {error}") from None
+    return _checked(_parse_toml(text, f"config file {path}"), str(path))
+
+
+def read_preset(name: str) -> dict[str, Any]:
+    from importlib import resources
+
+    if name not in preset_names():
+        raise unknown("preset", name, preset_names())
+    text = resources.files(PRESET_PACKAGE).joinpath(f"{name}.toml").read_text(encoding="utf-8")
+    return _checked(_parse_toml(text, f"preset {name}"), f"preset {name}")
+
+
+def _checked(table: dict[str, Any], where: str) -> dict[str, Any]:
+    for key in table:
+        if key not in TOP_KEYS:
+            raise _unknown_key(key, where, list(TOP_KEYS))
+    classes = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "eval": EvalConfig}
+    for section, cls in classes.items():
+        values = table.get(section, {})
+        if not isinstance(values, dict):
+            raise UsageError(f"{section} in {where} must be a table ([{section}]), got {values!r}")
+        fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in NOT_IN_FILES.get(section, ())}
+        for key, value in values.items():
+            if key not in fields:
+                hint = {"position": " (variants go in the top-level `variants` list)",
+                        "seed": " (seeds go in the top-level `seeds` list)"}.get(key, "")
+                raise _unknown_key(key, f"[{section}] of {where}", list(fields), hint)
+            kind = str(fields[key].type).split("|")[0].split("[")[0].strip()   # "int | None" -> int
+            expected = {"int": int, "float": (int, float), "str": str, "bool": bool, "list": list, "dict": dict}[kind]
+            if not isinstance(value, expected) or (isinstance(value, bool) and kind != "bool"):
+                what = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false",
+                        "list": "a list", "dict": "a table"}[kind]
+                raise UsageError(f"{key} in [{section}] of {where} must be {what}, got {value!r}")
+    for key, kind in (("variants", str), ("seeds", int)):
+        if key in table and not (isinstance(table[key], list) and all(isinstance(v, kind) for v in table[key])):
+            raise UsageError(f"{key} in {where} must be a list of {kind.__name__}s, got {table[key]!r}")
+    return table
+
+
+def _unknown_key(key: str, where: str, allowed: list[str], hint: str = "") -> UsageError:
+    return UsageError(f'unknown key "{key}" in {where}{hint}{did_you_mean(key, allowed)}; known: {", ".join(allowed)}')
+
+
+def layered(preset: str | None = None, config: str | Path | None = None) -> tuple[str, dict[str, Any]]:
+    """(base preset name, raw tables): the base preset (`preset`, else the file's own `preset` key,
+    else quick) with every preset it names in turn, then the file over it. A section's keys replace
+    the base's one by one; a table value (position_lr_scales) replaces the base's whole."""
+    file = read_file(config) if config is not None else {}
+    chain, name, seen = [file], preset or file.get("preset") or DEFAULT_PRESET, []
+    while name is not None:
+        if name in seen:
+            raise UsageError(f"presets name each other in a loop: {' -> '.join(seen + [name])}")
+        seen.append(name)
+        table = read_preset(name)
+        chain.insert(0, table)
+        name = table.get("preset")
+    merged: dict[str, Any] = {}
+    for table in chain:
+        for key, value in table.items():
+            if key in SECTIONS:
+                merged[key] = {**merged.get(key, {}), **value}
+            elif key != "preset":
+                merged[key] = value
+    return seen[0], merged
+
+
+def experiment(preset: str | None = None, config: str | Path | None = None,
+               overrides: dict[str, dict[str, Any]] | None = None) -> Experiment:
+    """The resolved experiment: preset < experiment file < `overrides` (None values are ignored)."""
+    name, tables = layered(preset, config)
+    sections = {}
+    for section, cls in (("data", DataConfig), ("model", ModelConfig), ("train", TrainConfig), ("eval", EvalConfig)):
+        given = {k: v for k, v in ((overrides or {}).get(section) or {}).items() if v is not None}
+        try:
+            sections[section] = cls(**{**tables.get(section, {}), **given})
+        except TypeError as error:  # a value of the wrong type reaches a dataclass check
+            raise UsageError(f"[{section}] of {config or f'preset {name}'}: {error}") from None
+    return Experiment(name, sections["data"], sections["model"], sections["train"], sections["eval"],
+                      tables.get("variants"), tables.get("seeds"), tables.get("description", ""))
 
 
 def preset(name: str) -> dict[str, dict[str, Any]]:
-    if name not in PRESETS:
-        raise unknown("preset", name, list(PRESETS))
-    return copy.deepcopy(PRESETS[name])
+    """A preset's model, train and eval values (its whole chain)."""
+    return {k: v for k, v in layered(name)[1].items() if k in SECTIONS}
 
 
 def to_dict(obj: Any) -> dict[str, Any]:
     return dataclasses.asdict(obj)
 
 
-def resolve(preset_name: str, model: dict[str, Any] | None = None, train: dict[str, Any] | None = None,
+def resolve(preset_name: str | None = None, model: dict[str, Any] | None = None, train: dict[str, Any] | None = None,
             eval: dict[str, Any] | None = None) -> tuple[ModelConfig, TrainConfig, EvalConfig]:
     """The preset's configs with the given fields overridden (None values are ignored)."""
-    base = preset(preset_name)
-    parts = []
-    for cls, key, overrides in ((ModelConfig, "model", model), (TrainConfig, "train", train), (EvalConfig, "eval", eval)):
-        values = {**base[key], **{k: v for k, v in (overrides or {}).items() if v is not None}}
-        parts.append(cls(**values))
-    return parts[0], parts[1], parts[2]
+    found = experiment(preset_name, overrides={"model": model, "train": train, "eval": eval})
+    return found.model, found.train, found.eval
+
+
+def to_toml(tables: dict[str, Any], header: str = "") -> str:
+    """`tables` as TOML: None values are left out (TOML has no null; the field's default is None)."""
+    import tomli_w
+
+    def clean(value):
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items() if v is not None}
+        return value
+
+    return header + tomli_w.dumps(clean(tables))

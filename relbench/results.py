@@ -1,6 +1,7 @@
 """The run directory: layout, locking, checksummed atomic writes.
 
     RUN/config.json                    how the run was made (config, git commit, versions, date)
+    RUN/config.toml                    the same configuration as an experiment file (`--config` reproduces the run)
     RUN/checkpoints/<variant>-seed<s>/ model.pt, meta.json, resume.pt (see relbench/checkpoints.py)
     RUN/train.csv                      loss curve: one row per variant x seed x logged step
     RUN/extrapolation.csv              one row per variant x seed x length x mode
@@ -36,6 +37,7 @@ from relbench.errors import RelbenchError
 
 DEFAULT_RUN_DIR = Path("runs") / "default"
 CONFIG = "config.json"
+CONFIG_TOML = "config.toml"
 TRAIN_CSV = "train.csv"
 EXTRAPOLATION_CSV = "extrapolation.csv"
 

@@ -7,6 +7,7 @@ passkey trials for the retrieval preset). Validation uses fixed sequences from t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import signal
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-from relbench import checkpoints, positions, results
+from relbench import checkpoints, positions, results, tracking
 from relbench.batches import training_batch, validation_batches
 from relbench.config import ModelConfig, TrainConfig, to_dict
 from relbench.data import Splits
@@ -147,14 +148,15 @@ class Diverged(Exception):
 def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, splits: Splits, device: torch.device,
                   progress: Progress | None = None, folder: Path | None = None,
                   stop: StopRequest | None = None,
-                  on_pace: Callable[[float], None] | None = None) -> tuple[GPT, list[dict[str, Any]], dict[str, Any]]:
+                  on_pace: Callable[[float], None] | None = None,
+                  on_row: Callable[[dict[str, Any]], None] | None = None) -> tuple[GPT, list[dict[str, Any]], dict[str, Any]]:
     """Train variant `spec`; returns the model, the loss-curve rows and a summary.
 
     With a checkpoint `folder`, a resumable state is saved there every `checkpoint_every` steps and
     when `stop` is requested, and training resumes from it when present. The batch and learning rate
     of a step depend on the step alone, so a resumed run ends with exactly the weights of an
     uninterrupted one. `on_pace(seconds_per_step)` is called once, after the first PACE_STEPS steps
-    that follow a warm-up step."""
+    that follow a warm-up step; `on_row(row)` with every loss-curve row as it is logged."""
     model_config = dataclasses.replace(model_config, position=spec, attention=config.attention)
     scale, scale_source = position_lr(spec, config)
     config = dataclasses.replace(config, position_lr_scale=scale)
@@ -217,6 +219,8 @@ def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, spl
                 "val_loss": state["val"] if (done % config.eval_every == 0 or last) else float("nan"),
                 "max_attention_logit": max_logit, "elapsed_s": elapsed,
                 "tokens_per_s": (done - first_step) * tokens_per_step / (time.perf_counter() - started)})
+            if on_row is not None:
+                on_row(state["rows"][-1])
             state["running"], state["running_n"] = 0.0, 0
         state["step"] = done
         if on_pace is not None and done - pace_from == 1:
@@ -265,11 +269,12 @@ def expected_time_message(seconds_per_step: float, steps_left: int, runs_left: i
 
 
 def train_run(run_dir: Path, specs: list[str], seeds: list[int], run_config: dict[str, Any], splits: Splits,
-              device: torch.device, force: bool, console: Console) -> list[dict[str, Any]]:
+              device: torch.device, force: bool, console: Console, logger: "tracking.TensorBoard | None" = None) -> list[dict[str, Any]]:
     """Train every variant in `specs` once per seed, skipping those with a finished checkpoint (unless
     `force`), and save each checkpoint and loss curve as soon as it finishes. Seeds run in order,
     every variant per seed. Ctrl-C or SIGTERM saves a resumable state and stops (see StopRequest); a
-    variant whose loss stops being finite keeps its last good state and the others go on."""
+    variant whose loss stops being finite keeps its last good state and the others go on. `logger`:
+    a tracker (relbench.tracking) that mirrors the loss curves."""
     model_config = ModelConfig(**run_config["model"])
     base = TrainConfig(**run_config["train"])
     for spec in specs:  # fail on a bad variant or option before any training starts
@@ -278,7 +283,8 @@ def train_run(run_dir: Path, specs: list[str], seeds: list[int], run_config: dic
     summaries, failures = [], []
     todo = sum(1 for seed in seeds for spec in specs if force or not (checkpoints.read_meta(
         results.checkpoint_dir(run_dir, spec, seed)) or {}).get("finished"))
-    with StopRequest() as stop, make_progress(console) as progress:
+    closing = contextlib.closing(logger) if logger is not None else contextlib.nullcontext()
+    with StopRequest() as stop, make_progress(console) as progress, closing:
         def pace(seconds_per_step: float, spec: str = "") -> None:
             progress.console.print(expected_time_message(seconds_per_step, todo * base.steps, todo, spec), markup=False)
 
@@ -298,7 +304,7 @@ def train_run(run_dir: Path, specs: list[str], seeds: list[int], run_config: dic
                 try:
                     model, rows, summary = train_variant(
                         spec, model_config, train_config, splits, device, progress, folder, stop,
-                        None if paced else (lambda s, spec=spec: pace(s, spec)))
+                        None if paced else (lambda s, spec=spec: pace(s, spec)), logger and logger.row)
                     paced = True
                 except (RuntimeError, MemoryError) as error:
                     if not is_out_of_memory(error):

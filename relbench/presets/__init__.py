@@ -1,0 +1,1 @@
+"""The shipped presets, one TOML experiment file each (see relbench.config)."""

@@ -1,0 +1,170 @@
+"""Experiment files and presets: layering (preset < file < options), the resolved config.toml that
+reproduces a run, one-line errors for bad files, `relbench presets`, and the optional tracker."""
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from relbench import config
+from relbench.errors import UsageError
+from test_cli import assert_one_line_error, run
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_preset_resolves_and_quick_is_what_the_readme_says():
+    assert set(config.preset_names()) >= {"tiny", "quick", "standard", "retrieval", "paper"}
+    for name in config.preset_names():
+        exp = config.experiment(name)
+        assert exp.preset == name and exp.description
+    quick = config.experiment("quick")
+    assert (quick.model.n_layers, quick.model.d_model, quick.model.n_heads, quick.model.train_length) == (4, 128, 4, 256)
+    assert (quick.train.steps, quick.train.batch_size, quick.train.warmup_steps) == (400, 8, 50)
+    assert quick.train.position_lr_scales["xl"] == 100.0 and quick.train.position_lr_scales["learned"] == 3.0
+    assert (quick.data.dataset, quick.data.tokenizer) == ("sotu", "bytes")
+
+
+def test_a_preset_that_starts_from_another_changes_only_what_it_says():
+    quick, standard = config.experiment("quick"), config.experiment("standard")
+    assert standard.model.n_layers == 6 and standard.train.steps == 1800 and standard.eval.eval_tokens == 131072
+    assert standard.model.d_model == quick.model.d_model and standard.train.lr == quick.train.lr
+    assert standard.train.position_lr_scales == quick.train.position_lr_scales
+
+
+def test_paper_preset_mirrors_kerple():
+    paper = config.experiment("paper")
+    assert (paper.model.n_layers, paper.model.d_model, paper.model.n_heads, paper.model.train_length) == (12, 768, 12, 512)
+    assert (paper.train.batch_size, paper.train.steps, paper.train.lr) == (32, 50000, 6e-4)
+    assert paper.data.tokenizer == "gpt2" and paper.data.stream and paper.train.position_lr_scales == {}
+
+
+def test_file_over_preset_and_options_over_file(tmp_path):
+    file = tmp_path / "e.toml"
+    file.write_text('preset = "tiny"\nvariants = ["alibi"]\nseeds = [3]\n[train]\nsteps = 6\nlr = 0.01\n'
+                    '[model]\nn_layers = 1\n')
+    exp = config.experiment(None, file, {"train": {"steps": 4, "lr": None}})
+    assert exp.train.steps == 4 and exp.train.lr == 0.01           # option > file; None is "not given"
+    assert exp.model.n_layers == 1 and exp.model.d_model == 32      # file > preset tiny
+    assert exp.variants == ["alibi"] and exp.seeds == [3]
+    assert config.experiment("quick", file).model.d_model == 128    # --preset replaces the file's base
+
+    result = run("train", "--config", file, "--steps", 5, "--run-dir", tmp_path / "r")
+    assert result.exit_code == 0, result.output
+    written = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert written["train"]["steps"] == 5 and written["train"]["lr"] == 0.01 and written["model"]["n_layers"] == 1
+    assert written["variants"] == ["alibi"] and written["seeds"] == [3]
+    assert (tmp_path / "r" / "checkpoints" / "alibi-seed3" / "model.pt").is_file()
+
+
+def test_config_toml_reproduces_the_run(tmp_path):
+    """Every option that shapes the run must reach config.toml: the second run, from that file alone,
+    has the same configuration and the same losses at every logged step."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    result = run("train", "--preset", "tiny", "--variants", "alibi", "xl:k=8", "--steps", 12, "--lr", 0.01,
+                 "--train-length", 24, "--batch-size", 4, "--position-lr-scale", 3, "--seeds", 1, "--run-dir", first)
+    assert result.exit_code == 0, result.output
+    result = run("train", "--config", first / "config.toml", "--run-dir", second)
+    assert result.exit_code == 0, result.output
+    a, b = (json.loads((d / "config.json").read_text()) for d in (first, second))
+    a.pop("environment"), b.pop("environment")
+    assert a == b
+    losses = [pd.read_csv(d / "train.csv") for d in (first, second)]
+    assert len(losses[0]) > 0 and losses[0]["variant"].unique().tolist() == ["alibi", "xl:k=8"]
+    pd.testing.assert_frame_equal(losses[0][["variant", "seed", "step", "train_loss", "val_loss"]],
+                                  losses[1][["variant", "seed", "step", "train_loss", "val_loss"]])
+
+
+@pytest.mark.parametrize("text, fragments", [
+    ('[train]\nstepz = 3\n', ['unknown key "stepz" in [train]', 'did you mean "steps"']),
+    ('[train]\nsteps = "many"\n', ["steps in [train]", "must be an integer"]),
+    ('[train]\nlr = true\n', ["lr in [train]", "must be a number"]),
+    ('[model]\nposition = "xl"\n', ['unknown key "position"', "top-level `variants`"]),
+    ('[train]\nseed = 1\n', ['unknown key "seed"', "`seeds`"]),
+    ('preset = "tinny"\n', ['unknown preset "tinny"', 'did you mean "tiny"']),
+    ('variants = "xl"\n', ["variants in", "must be a list of strs"]),
+    ('[train\nsteps = 3\n', ["is not valid TOML", "line 1"]),
+    ('modle = 3\n', ['unknown key "modle"', 'did you mean "model"']),
+    ('[train]\nsteps = 0\n', ["steps must be positive"]),
+])
+def test_a_bad_experiment_file_is_one_line_and_writes_nothing(tmp_path, text, fragments):
+    file = tmp_path / "bad.toml"
+    file.write_text(text)
+    assert_one_line_error(run("train", "--config", file, "--run-dir", tmp_path / "r"), 2, *fragments)
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_missing_file_and_a_preset_loop(tmp_path, monkeypatch):
+    assert_one_line_error(run("train", "--config", tmp_path / "nope.toml", "--run-dir", tmp_path / "r"), 2,
+                          "nope.toml does not exist")
+    tables = {"a": {"preset": "b"}, "b": {"preset": "a"}}
+    monkeypatch.setattr(config, "read_preset", lambda name: tables[name])
+    with pytest.raises(UsageError, match="loop: a -> b -> a"):
+        config.layered("a")
+
+
+def test_presets_command_lists_every_preset():
+    result = run("presets")
+    assert result.exit_code == 0, result.output
+    for name in config.preset_names():
+        assert name in result.output
+
+
+def test_bench_with_the_committed_example_file_offline(tmp_path):
+    """The example file names three variants, two seeds and perplexity only; --preset tiny and short
+    lengths keep it to seconds (options override the file)."""
+    run_dir = tmp_path / "three"
+    result = run("bench", "--config", ROOT / "examples" / "three-schemes.toml", "--preset", "tiny",
+                 "--lengths", 32, 64, "--run-dir", run_dir)
+    assert result.exit_code == 0, result.output
+    rows = pd.read_csv(run_dir / "extrapolation.csv")
+    assert sorted(set(zip(rows["variant"], rows["seed"]))) == [(v, s) for v in ("alibi", "rope", "xl") for s in (0, 1)]
+    assert sorted(rows["length"].unique()) == [32, 64]
+    assert not (run_dir / "copy.csv").exists()                # the file's [eval] tasks: perplexity only
+    assert (run_dir / "report.md").is_file()
+
+
+def test_extrapolate_takes_variants_seeds_and_eval_from_a_file(tmp_path):
+    run_dir = tmp_path / "r"
+    assert run("train", "--preset", "tiny", "--variants", "alibi", "rope", "--run-dir", run_dir).exit_code == 0
+    file = tmp_path / "eval.toml"
+    file.write_text('variants = ["rope"]\n[eval]\ntasks = ["perplexity"]\nlengths = [32, 96]\n')
+    result = run("extrapolate", "--config", file, "--run-dir", run_dir)
+    assert result.exit_code == 0, result.output
+    rows = pd.read_csv(run_dir / "extrapolation.csv")
+    assert rows["variant"].unique().tolist() == ["rope"] and sorted(rows["length"].unique()) == [32, 96]
+
+
+def test_tensorboard_mirrors_train_csv(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir = tmp_path / "r"
+    result = run("train", "--preset", "tiny", "--variants", "alibi", "--run-dir", run_dir, "--log", "tensorboard")
+    assert result.exit_code == 0, result.output
+    events = EventAccumulator(str(run_dir / "tensorboard" / "alibi-seed0"))
+    events.Reload()
+    rows = pd.read_csv(run_dir / "train.csv")
+    for column in ("train_loss", "lr", "tokens"):
+        logged = [(e.step, e.value) for e in events.Scalars(column)]
+        assert [s for s, _ in logged] == rows["step"].tolist()
+        assert [v for _, v in logged] == pytest.approx(rows[column].tolist(), rel=1e-6)
+    validated = rows.dropna(subset=["val_loss"])
+    assert [e.step for e in events.Scalars("val_loss")] == validated["step"].tolist()
+
+
+def test_tensorboard_missing_is_one_line_before_any_work(tmp_path, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_tensorboard(name, *args, **kwargs):
+        if name.startswith("torch.utils.tensorboard"):
+            raise ImportError("no tensorboard")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_tensorboard)
+    result = run("train", "--preset", "tiny", "--variants", "alibi", "--run-dir", tmp_path / "r", "--log", "tensorboard")
+    assert_one_line_error(result, 2, "relbench[tensorboard]")
+    assert not (tmp_path / "r" / "config.json").exists()
