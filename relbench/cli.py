@@ -107,6 +107,34 @@ def _train(run_dir: Path, exp: Experiment, specs: list[str], seeds: list[int], d
     return run_config
 
 
+def _dry_run(exp: Experiment, specs: list[str], seeds: list[int], device: str) -> None:
+    from relbench import dryrun
+
+    target = resolve_device(device)
+    exp.train.precision = resolve_precision(exp.train.precision, target)
+    for spec in specs:
+        _check_backend(exp.train.attention, spec, exp.model, target, training=True)
+    _check_training_memory(specs, exp.model, exp.train, exp.preset, target)
+    m, t = exp.model, exp.train
+    tokens = t.steps * t.batch_size * m.train_length
+    console.print(f"dry run of preset {exp.preset}: {m.n_layers} layers, d {m.d_model}, {m.n_heads} heads, vocabulary "
+                  f"{m.vocab_size:,}, length {m.train_length}; {t.steps:,} steps x {t.batch_size} sequences = "
+                  f"{tokens:,} tokens per run, {len(specs)} variant(s) x {len(seeds)} seed(s), {t.precision} on "
+                  f"{target}; measuring {dryrun.DRY_STEPS} steps per variant after a warm-up step")
+    rows, total = [], 0.0
+    for spec in specs:
+        row = dryrun.measure(spec, exp, target)
+        projected = row["seconds_per_step"] * t.steps * len(seeds)
+        total += projected
+        rows.append([spec, f"{row['params']:,}", f"{row['position_params']:,}", memory.human(row["memory_bytes"]),
+                     f"{row['seconds_per_step']:.3f}", f"{tokens / t.steps / row['seconds_per_step']:,.0f}",
+                     dryrun.human_time(projected)])
+    console.print(report.rich_table("Dry run (nothing trained or written)", ["variant", "params", "position",
+                                    "memory", "s/step", "tok/s", "projected"], rows))
+    console.print(f"projected: {dryrun.human_time(total)} of training for {len(specs) * len(seeds)} run(s) on "
+                  f"{target}, from steps measured on this machine now", markup=False)
+
+
 @app.command("train")
 def train_command(
     variants: Variants = None,
@@ -127,16 +155,22 @@ def train_command(
     device: Device = "auto",
     force: Annotated[bool, typer.Option(help="Train again variants that already have a finished checkpoint.")] = False,
     log: Log = "none",
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print parameters, tokens, the memory estimate and "
+                                          "seconds per step measured over a few steps, and the projected wall "
+                                          "time; then exit without training or writing anything.")] = False,
 ) -> None:
     """Train one small causal LM per variant, with the same seed, data order and batches.
 
     Example: relbench train --variants xl t5 alibi --preset quick
              relbench train --config experiment.toml --steps 800      (options override the file)
+             relbench train --preset paper --variants alibi --dry-run
     """
     exp, specs, seeds = _experiment(
         preset, config, variants, seeds, data={"dataset": dataset}, model={"train_length": train_length},
         train={"steps": steps, "batch_size": batch_size, "lr": lr, "attention": attention, "precision": precision,
                **position_lr_overrides(position_lr_scale)})
+    if dry_run:
+        return _dry_run(exp, specs, seeds, device)
     with results.RunLock(run_dir):
         _train(run_dir, exp, specs, seeds, device, force, log)
 

@@ -104,6 +104,20 @@ def validation_loss(model: GPT, batches: list[tuple[torch.Tensor, torch.Tensor |
     return total / count
 
 
+def forward_backward(model: GPT, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+                     weights: torch.Tensor | None, config: TrainConfig) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The loss of one batch and its clipped gradients: (loss, gradient norm before clipping), or
+    (loss, None) without a backward pass when the loss is not finite."""
+    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=config.precision == "bf16"):
+        logits = model(x)                                                      # (B, L, V)
+    loss = weighted_loss(logits, y, weights)
+    if not torch.isfinite(loss):
+        return loss, None
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    return loss, torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+
+
 class StopRequest:
     """While active, SIGINT (Ctrl-C) and SIGTERM ask training to stop at the end of the current step,
     after saving a resumable checkpoint; a second signal stops at once."""
@@ -191,14 +205,9 @@ def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, spl
             group["lr"] = lr * group["lr_scale"]
         x, y, weights = training_batch(train_tokens, step, config, model_config.train_length, splits.tokenizer)
         x, y = x.to(device), y.to(device)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.precision == "bf16"):
-            logits = model(x)                                                  # (B, L, V)
-        loss = weighted_loss(logits, y, weights)
-        if not torch.isfinite(loss):
+        loss, grad_norm = forward_backward(model, optimizer, x, y, weights, config)
+        if grad_norm is None:
             raise Diverged(step, loss.item())
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
         if step == config.steps - 1:  # what reaches the position parameters at the end, after clipping
             position_grads = {name: p.grad.norm().item()
                               for name, p in model.positions.named_parameters() if p.grad is not None}

@@ -168,3 +168,21 @@ def test_tensorboard_missing_is_one_line_before_any_work(tmp_path, monkeypatch):
     result = run("train", "--preset", "tiny", "--variants", "alibi", "--run-dir", tmp_path / "r", "--log", "tensorboard")
     assert_one_line_error(result, 2, "relbench[tensorboard]")
     assert not (tmp_path / "r" / "config.json").exists()
+
+
+def test_dry_run_measures_and_writes_nothing(tmp_path):
+    import dataclasses
+
+    from relbench.model import GPT
+
+    result = run("train", "--preset", "tiny", "--variants", "alibi", "xl", "--seeds", 0, 1, "--steps", 40,
+                 "--dry-run", "--run-dir", tmp_path / "r")
+    assert result.exit_code == 0, result.output
+    assert not (tmp_path / "r").exists()
+    tiny = config.experiment("tiny")
+    for spec in ("alibi", "xl"):
+        params = GPT(dataclasses.replace(tiny.model, position=spec)).n_params()
+        assert f"{params:,}" in result.output
+    text = " ".join(result.output.split())      # the console wraps long lines
+    assert "40 steps x 8 sequences = 10,240 tokens per run, 2 variant(s) x 2 seed(s)" in text
+    assert "projected:" in text and "for 4 run(s)" in text
