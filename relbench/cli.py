@@ -68,7 +68,7 @@ def _write_config(run_dir: Path, run_config: dict[str, Any], description: str) -
     results.atomic_write_text(Path(run_dir) / results.CONFIG_TOML, to_toml(tables, header))
 
 
-def _same_run(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+def _differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """The parts of a run's configuration that differ (a run directory holds one configuration)."""
     old_data = old.get("data") or {"dataset": old.get("dataset"), "tokenizer": old.get("tokenizer")}
     old_data = to_dict(DataConfig(**old_data))   # a config.json from before [data] had its defaults
@@ -92,7 +92,7 @@ def _train(run_dir: Path, exp: Experiment, specs: list[str], seeds: list[int], d
     config_path = Path(run_dir) / results.CONFIG
     if config_path.is_file():
         old = results.read_json(config_path)
-        differs = _same_run(old, run_config)
+        differs = _differences(old, run_config)
         if differs:
             raise UsageError(f"{run_dir} holds a run with a different {' and '.join(differs)} configuration "
                              f"(preset {old.get('preset')}); use another --run-dir, or delete {run_dir} to start over")
