@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import torch
 import typer
 
-from relbench import checkpoints, memory, positions, report, results
+from relbench import checkpoints, distributed, memory, positions, report, results
 from relbench import cli_tools  # noqa: F401  (registers variants, profile and inspect)
 from relbench.attention import check, flush_denormals
 from relbench.cli_common import (Attention, Device, Lengths, PositionLR, Precision, RunDir, Variants, _check_backend,
@@ -25,14 +25,18 @@ from relbench.errors import RelbenchError, UsageError, unknown
 
 def _check_training_memory(specs: list[str], model: ModelConfig, train: TrainConfig, preset: str,
                            device: torch.device) -> None:
-    """Refuse a batch or length the device cannot hold, naming the hungriest variant, before any work."""
-    memory.require(memory.model_bytes(model), device, f"a model of d_model {model.d_model} x {model.n_layers} layers",
-                   "use a smaller preset")
+    """Refuse a batch or length the device cannot hold, naming the hungriest variant, before any work.
+    Under torchrun each process holds its share of the batch, and the processes on one node share its RAM."""
+    rows, share = distributed.per_rank(train.batch_size), distributed.sharing(device)
+    shared = f" in {share} processes sharing its memory" if share > 1 else ""
+    memory.require(memory.model_bytes(model) * share, device, f"a model of d_model {model.d_model} x "
+                   f"{model.n_layers} layers{shared}", "use a smaller preset")
     need = {spec: memory.training_bytes(dataclasses.replace(model, position=spec, attention=train.attention),
-                                        train.batch_size, train.precision) for spec in specs}
+                                        rows, train.precision) * share for spec in specs}
     hungriest = max(need, key=need.get)
-    memory.require(need[hungriest], device, f"training {hungriest} at --batch-size {train.batch_size} x --train-length "
-                   f"{model.train_length} (preset {preset})", "use a smaller --batch-size or --train-length")
+    memory.require(need[hungriest], device, f"training {hungriest} at {distributed.batch_text(train.batch_size)} x "
+                   f"--train-length {model.train_length} (preset {preset}){shared}",
+                   "use a smaller --batch-size or --train-length")
 
 
 def _train(run_dir: Path, variants: list[str] | None, preset: str, dataset: str | None, seeds: list[int] | None,
@@ -60,6 +64,18 @@ def _train(run_dir: Path, variants: list[str] | None, preset: str, dataset: str 
     run_config["model"].pop("position")
     run_config["model"].pop("attention")
     run_config["train"].pop("seed")
+    run_config = distributed.on_main(_record_run, run_dir, run_config, specs, seeds, target)
+    console.print(f"training {len(specs)} variant(s) x {len(seeds)} seed(s) on {splits.description}: "
+                  f"{splits.sizes()['train']:,} train tokens; run directory {run_dir}"
+                  + (f"; {distributed.world()} processes" if distributed.world() > 1 else ""))
+    train_run(Path(run_dir), specs, seeds, run_config, splits, target, force, console)
+    return run_config
+
+
+def _record_run(run_dir: Path, run_config: dict[str, Any], specs: list[str], seeds: list[int],
+                target: torch.device) -> dict[str, Any]:
+    """config.json with this command's variants and seeds added, after checking that the run
+    directory holds no run of another configuration; returns what it wrote."""
     config_path = Path(run_dir) / results.CONFIG
     if config_path.is_file():
         old = results.read_json(config_path)
@@ -74,9 +90,6 @@ def _train(run_dir: Path, variants: list[str] | None, preset: str, dataset: str 
         run_config["variants"], run_config["seeds"] = specs, seeds
     run_config["environment"] = results.environment(str(target))
     results.write_json(config_path, run_config)
-    console.print(f"training {len(specs)} variant(s) x {len(seeds)} seed(s) on {splits.description}: "
-                  f"{splits.sizes()['train']:,} train tokens; run directory {run_dir}")
-    train_run(Path(run_dir), specs, seeds, run_config, splits, target, force, console)
     return run_config
 
 
@@ -140,8 +153,12 @@ def tune_lr_command(
     with results.RunLock(run_dir):
         config = _train(run_dir, grid_specs, preset, dataset, seeds, steps, None, None, None, device, False,
                         untuned=True)  # every grid spec sets its own multiplier; the preset's table plays no part
-        frame = tune.collect(run_dir, specs, grid, seeds)
-        chosen = tune.write(run_dir, frame, config)
+
+        def choose() -> tuple[Any, dict[str, Any]]:
+            frame = tune.collect(run_dir, specs, grid, seeds)
+            return frame, tune.write(run_dir, frame, config)
+
+        frame, chosen = distributed.on_main(choose)   # rank 0 reads the sweep and writes the choice
     console.print(report.rich_table("Validation loss at the training length per position learning-rate multiplier "
                                     "(* chosen)", *tune.table(frame)))
     console.print(f"chosen: {', '.join(f'{v} x{s:g}' for v, s in chosen['chosen'].items())}; wrote "
@@ -154,7 +171,7 @@ def _extrapolate(run_dir: Path, lengths: list[int] | None, variants: list[str] |
                  tasks: list[str] | None = None, trials: int | None = None) -> None:
     from relbench.data import load_splits
     from relbench.evaluate import MODES, longest_length, scored_text, validate_lengths
-    from relbench.extrapolate import extrapolate_run
+    from relbench.extrapolate import Job, extrapolate_run
     from relbench.tasks import TASKS
 
     config = results.require_run(run_dir)
@@ -178,15 +195,7 @@ def _extrapolate(run_dir: Path, lengths: list[int] | None, variants: list[str] |
         positions.parse_spec(spec)
     seeds = unique("seed", seeds) if seeds else config.get("seeds", [0])
     pairs = [(s, seed) for seed in seeds for s in specs]
-    trained = [(s, seed) for s, seed in pairs
-               if (checkpoints.read_meta(results.checkpoint_dir(run_dir, s, seed)) or {}).get("finished")]
-    missing = [p for p in pairs if p not in trained]
-    if (variants or config.get("seeds") != seeds) and missing:
-        spec, seed = missing[0]
-        raise RelbenchError(f"variant {spec} seed {seed} has no finished checkpoint in {run_dir}; "
-                            f"run `relbench train --run-dir {run_dir} --variants {spec} --seeds {seed}`")
-    if not trained:
-        raise RelbenchError(f"{run_dir} has no trained variant yet; run `relbench train --run-dir {run_dir}`")
+    trained = distributed.on_main(_finished, run_dir, pairs, bool(variants or config.get("seeds") != seeds))
     model_config = ModelConfig(**config["model"])
     for spec in dict.fromkeys(s for s, _ in trained):
         _check_backend(attention, spec, model_config, target, training=False)
@@ -200,10 +209,27 @@ def _extrapolate(run_dir: Path, lengths: list[int] | None, variants: list[str] |
     console.print(f"evaluating {len(trained)} checkpoint(s) at lengths {', '.join(map(str, lengths))}: "
                   f"{', '.join(tasks)}; perplexity {' and '.join(modes)}{f' (stride {stride})' if 'sliding' in modes else ''} "
                   f"on {text.n_tokens:,} test tokens in {len(text.offsets)} segments spread over the test split "
-                  f"({attention} attention, {target})")
+                  f"({attention} attention, {target})"
+                  + (f"; shared by {distributed.world()} processes" if distributed.world() > 1 else ""))
+    job = Job(text, tuple(lengths), tuple(modes), stride, tuple(tasks), trials, eval_config.max_batch_tokens, attention,
+              target, splits.tokenizer, force)
     with flush_denormals():
-        extrapolate_run(Path(run_dir), trained, lengths, modes, stride, text, eval_config, attention, target, console,
-                        force, tuple(tasks), trials, splits.tokenizer)
+        extrapolate_run(Path(run_dir), trained, job, console)
+
+
+def _finished(run_dir: Path, pairs: list[tuple[str, int]], named: bool) -> list[tuple[str, int]]:
+    """The (variant, seed) pairs with a finished checkpoint; an error when there is none, or when
+    one that was `named` (by --variants or --seeds) has not finished."""
+    trained = [(s, seed) for s, seed in pairs
+               if (checkpoints.read_meta(results.checkpoint_dir(run_dir, s, seed)) or {}).get("finished")]
+    missing = [p for p in pairs if p not in trained]
+    if named and missing:
+        spec, seed = missing[0]
+        raise RelbenchError(f"variant {spec} seed {seed} has no finished checkpoint in {run_dir}; "
+                            f"run `relbench train --run-dir {run_dir} --variants {spec} --seeds {seed}`")
+    if not trained:
+        raise RelbenchError(f"{run_dir} has no trained variant yet; run `relbench train --run-dir {run_dir}`")
+    return trained
 
 
 @app.command("extrapolate")
@@ -257,6 +283,10 @@ def report_command(run_dir: RunDir = results.DEFAULT_RUN_DIR) -> None:
 
 
 def _report(run_dir: Path) -> None:
+    distributed.on_main(_render, run_dir)   # rank 0 writes; under torchrun the others wait for it
+
+
+def _render(run_dir: Path) -> None:
     written = report.render(run_dir, console)
     console.print("wrote " + ", ".join(str(path) for path in written.values()))
 
@@ -283,5 +313,7 @@ def bench_command(
 
 
 def main() -> None:
-    app()
+    with distributed.session():                   # a process group under torchrun, nothing otherwise
+        console.quiet = not distributed.is_main()  # rank 0 speaks for the job (progress, tables, messages)
+        app()
 
