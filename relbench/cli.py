@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import torch
 import typer
 
-from relbench import checkpoints, memory, positions, report, results, tracking
+from relbench import checkpoints, distributed, memory, positions, report, results, tracking
 from relbench import cli_tools  # noqa: F401  (registers variants, profile and inspect)
 from relbench.attention import check, flush_denormals
 from relbench.cli_common import (Attention, ConfigFile, Device, Lengths, Log, PositionLR, Precision, Preset, RunDir,
@@ -27,14 +27,18 @@ from relbench.errors import RelbenchError, UsageError, unknown
 
 def _check_training_memory(specs: list[str], model: ModelConfig, train: TrainConfig, preset: str,
                            device: torch.device) -> None:
-    """Refuse a batch or length the device cannot hold, naming the hungriest variant, before any work."""
-    memory.require(memory.model_bytes(model), device, f"a model of d_model {model.d_model} x {model.n_layers} layers",
-                   "use a smaller preset")
+    """Refuse a batch or length the device cannot hold, naming the hungriest variant, before any work.
+    Under torchrun each process holds its share of the batch, and the processes on one node share its RAM."""
+    rows, share = distributed.per_rank(train.batch_size), distributed.sharing(device)
+    shared = f" in {share} processes sharing its memory" if share > 1 else ""
+    memory.require(memory.model_bytes(model) * share, device, f"a model of d_model {model.d_model} x "
+                   f"{model.n_layers} layers{shared}", "use a smaller preset")
     need = {spec: memory.training_bytes(dataclasses.replace(model, position=spec, attention=train.attention),
-                                        train.batch_size, train.precision) for spec in specs}
+                                        rows, train.precision) * share for spec in specs}
     hungriest = max(need, key=need.get)
-    memory.require(need[hungriest], device, f"training {hungriest} at --batch-size {train.batch_size} x --train-length "
-                   f"{model.train_length} (preset {preset})", "use a smaller --batch-size or --train-length")
+    memory.require(need[hungriest], device, f"training {hungriest} at {distributed.batch_text(train.batch_size)} x "
+                   f"--train-length {model.train_length} (preset {preset}){shared}",
+                   "use a smaller --batch-size or --train-length")
 
 
 def _experiment(preset: str | None, config: Path | None, variants: list[str] | None = None,
@@ -81,7 +85,8 @@ def _train(run_dir: Path, exp: Experiment, specs: list[str], seeds: list[int], d
     from relbench.train import train_run
 
     target = resolve_device(device)
-    logger = tracking.open_logger(log, run_dir)   # a missing package fails here, before any work
+    # rank 0 logs; a missing package fails here, before any work
+    logger = tracking.open_logger(log, run_dir) if distributed.is_main() else None
     model_config, train_config = exp.model, exp.train
     train_config.precision = resolve_precision(train_config.precision, target)
     for spec in specs:  # an impossible backend for a variant fails here, before any work
@@ -89,6 +94,18 @@ def _train(run_dir: Path, exp: Experiment, specs: list[str], seeds: list[int], d
     _check_training_memory(specs, model_config, train_config, exp.preset, target)
     splits = load_splits(None if exp.data.dataset == "sotu" else exp.data.dataset, exp.data.tokenizer)
     run_config = _run_config(exp, specs, seeds, splits.description)
+    run_config = distributed.on_main(_record_run, run_dir, run_config, specs, seeds, target, exp.description)
+    console.print(f"training {len(specs)} variant(s) x {len(seeds)} seed(s) on {splits.description}: "
+                  f"{splits.sizes()['train']:,} train tokens; run directory {run_dir}"
+                  + (f"; {distributed.world()} processes" if distributed.world() > 1 else ""))
+    train_run(Path(run_dir), specs, seeds, run_config, splits, target, force, console, logger)
+    return run_config
+
+
+def _record_run(run_dir: Path, run_config: dict[str, Any], specs: list[str], seeds: list[int],
+                target: torch.device, description: str) -> dict[str, Any]:
+    """config.json and config.toml with this command's variants and seeds added, after checking that
+    the run directory holds no run of another configuration; returns what it wrote."""
     config_path = Path(run_dir) / results.CONFIG
     if config_path.is_file():
         old = results.read_json(config_path)
@@ -100,10 +117,7 @@ def _train(run_dir: Path, exp: Experiment, specs: list[str], seeds: list[int], d
         run_config["variants"] = known + [s for s in specs if s not in known]
         run_config["seeds"] = sorted(set(old.get("seeds", [])) | set(seeds))
     run_config["environment"] = results.environment(str(target))
-    _write_config(run_dir, run_config, exp.description)
-    console.print(f"training {len(specs)} variant(s) x {len(seeds)} seed(s) on {splits.description}: "
-                  f"{splits.sizes()['train']:,} train tokens; run directory {run_dir}")
-    train_run(Path(run_dir), specs, seeds, run_config, splits, target, force, console, logger)
+    _write_config(run_dir, run_config, description)
     return run_config
 
 
@@ -208,8 +222,12 @@ def tune_lr_command(
     grid_specs = [tune.grid_spec(spec, scale) for spec in specs for scale in grid]
     with results.RunLock(run_dir):
         config = _train(run_dir, exp, all_variants(grid_specs), seeds, device, False)
-        frame = tune.collect(run_dir, specs, grid, seeds)
-        chosen = tune.write(run_dir, frame, config)
+
+        def choose() -> tuple[Any, dict[str, Any]]:
+            frame = tune.collect(run_dir, specs, grid, seeds)
+            return frame, tune.write(run_dir, frame, config)
+
+        frame, chosen = distributed.on_main(choose)   # rank 0 reads the sweep and writes the choice
     console.print(report.rich_table("Validation loss at the training length per position learning-rate multiplier "
                                     "(* chosen)", *tune.table(frame)))
     console.print(f"chosen: {', '.join(f'{v} x{s:g}' for v, s in chosen['chosen'].items())}; wrote "
@@ -223,7 +241,7 @@ def _extrapolate(run_dir: Path, lengths: list[int] | None, variants: list[str] |
                  eval_overrides: dict[str, Any] | None = None) -> None:
     from relbench.data import load_splits
     from relbench.evaluate import MODES, longest_length, scored_text, validate_lengths
-    from relbench.extrapolate import extrapolate_run
+    from relbench.extrapolate import Job, extrapolate_run
     from relbench.tasks import TASKS
 
     config = results.require_run(run_dir)
@@ -248,15 +266,7 @@ def _extrapolate(run_dir: Path, lengths: list[int] | None, variants: list[str] |
         positions.parse_spec(spec)
     seeds = unique("seed", seeds) if seeds else config.get("seeds", [0])
     pairs = [(s, seed) for seed in seeds for s in specs]
-    trained = [(s, seed) for s, seed in pairs
-               if (checkpoints.read_meta(results.checkpoint_dir(run_dir, s, seed)) or {}).get("finished")]
-    missing = [p for p in pairs if p not in trained]
-    if (variants or config.get("seeds") != seeds) and missing:
-        spec, seed = missing[0]
-        raise RelbenchError(f"variant {spec} seed {seed} has no finished checkpoint in {run_dir}; "
-                            f"run `relbench train --run-dir {run_dir} --variants {spec} --seeds {seed}`")
-    if not trained:
-        raise RelbenchError(f"{run_dir} has no trained variant yet; run `relbench train --run-dir {run_dir}`")
+    trained = distributed.on_main(_finished, run_dir, pairs, bool(variants or config.get("seeds") != seeds))
     model_config = ModelConfig(**config["model"])
     for spec in dict.fromkeys(s for s, _ in trained):
         _check_backend(attention, spec, model_config, target, training=False)
@@ -270,10 +280,27 @@ def _extrapolate(run_dir: Path, lengths: list[int] | None, variants: list[str] |
     console.print(f"evaluating {len(trained)} checkpoint(s) at lengths {', '.join(map(str, lengths))}: "
                   f"{', '.join(tasks)}; perplexity {' and '.join(modes)}{f' (stride {stride})' if 'sliding' in modes else ''} "
                   f"on {text.n_tokens:,} test tokens in {len(text.offsets)} segments spread over the test split "
-                  f"({attention} attention, {target})")
+                  f"({attention} attention, {target})"
+                  + (f"; shared by {distributed.world()} processes" if distributed.world() > 1 else ""))
+    job = Job(text, tuple(lengths), tuple(modes), stride, tuple(tasks), trials, eval_config.max_batch_tokens, attention,
+              target, splits.tokenizer, force)
     with flush_denormals():
-        extrapolate_run(Path(run_dir), trained, lengths, modes, stride, text, eval_config, attention, target, console,
-                        force, tuple(tasks), trials, splits.tokenizer)
+        extrapolate_run(Path(run_dir), trained, job, console)
+
+
+def _finished(run_dir: Path, pairs: list[tuple[str, int]], named: bool) -> list[tuple[str, int]]:
+    """The (variant, seed) pairs with a finished checkpoint; an error when there is none, or when
+    one that was `named` (by --variants or --seeds) has not finished."""
+    trained = [(s, seed) for s, seed in pairs
+               if (checkpoints.read_meta(results.checkpoint_dir(run_dir, s, seed)) or {}).get("finished")]
+    missing = [p for p in pairs if p not in trained]
+    if named and missing:
+        spec, seed = missing[0]
+        raise RelbenchError(f"variant {spec} seed {seed} has no finished checkpoint in {run_dir}; "
+                            f"run `relbench train --run-dir {run_dir} --variants {spec} --seeds {seed}`")
+    if not trained:
+        raise RelbenchError(f"{run_dir} has no trained variant yet; run `relbench train --run-dir {run_dir}`")
+    return trained
 
 
 @app.command("extrapolate")
@@ -331,6 +358,10 @@ def report_command(run_dir: RunDir = results.DEFAULT_RUN_DIR) -> None:
 
 
 def _report(run_dir: Path) -> None:
+    distributed.on_main(_render, run_dir)   # rank 0 writes; under torchrun the others wait for it
+
+
+def _render(run_dir: Path) -> None:
     written = report.render(run_dir, console)
     console.print("wrote " + ", ".join(str(path) for path in written.values()))
 
@@ -350,7 +381,7 @@ def bench_command(
 
     Example: relbench bench        (all 16 variants, lengths 256 1024 4096; after its first training steps it
     prints how long the training should take on this machine; the README quotes measured times per CPU)
-             relbench bench --config examples/alibi-vs-xl.toml
+             relbench bench --config examples/three-schemes.toml
     """
     exp, specs, seeds = _experiment(preset, config, variants, train=position_lr_overrides(position_lr_scale))
     with results.RunLock(run_dir):
@@ -361,5 +392,7 @@ def bench_command(
 
 
 def main() -> None:
-    app()
+    with distributed.session():                   # a process group under torchrun, nothing otherwise
+        console.quiet = not distributed.is_main()  # rank 0 speaks for the job (progress, tables, messages)
+        app()
 

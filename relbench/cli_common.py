@@ -11,7 +11,7 @@ import torch
 import typer
 from rich.console import Console
 
-from relbench import positions
+from relbench import distributed, positions
 from relbench.attention import BACKENDS, check
 from relbench.cli_group import Group
 from relbench.config import PRECISIONS, ModelConfig
@@ -61,8 +61,9 @@ def _check_backend(backend: str, spec: str, model: ModelConfig, device: torch.de
 
 
 def resolve_device(name: str) -> torch.device:
+    """The device `name` means; under torchrun "cuda" is the GPU of this process's local rank."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return distributed.local_device(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     try:
         device = torch.device(name)
     except RuntimeError:
@@ -71,7 +72,7 @@ def resolve_device(name: str) -> torch.device:
         raise UsageError("CUDA is not available on this machine; use --device cpu")
     if device.type not in ("cpu", "cuda"):
         raise UsageError(f'device "{name}" is not supported; use auto, cpu, cuda or cuda:N')
-    return device
+    return distributed.local_device(device)
 
 
 def all_variants(variants: list[str] | None) -> list[str]:

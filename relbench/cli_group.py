@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from typer.core import TyperGroup
 
+from relbench import distributed
 from relbench.errors import RelbenchError, one_line
 
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -45,6 +46,14 @@ def _is_click_error(error: Exception) -> bool:
     return callable(getattr(error, "format_message", None)) and isinstance(getattr(error, "exit_code", None), int)
 
 
+def _say(line: str, code: int) -> None:
+    """One line on stderr. Under torchrun a usage error or an interrupt is the same on every rank
+    and rank 0 says it; a runtime error (code 1) may be one rank's own (out of memory on its GPU),
+    so every rank says its own, after its rank."""
+    if distributed.is_main() or code == 1:
+        err_console.print(one_line(distributed.label() + line), markup=False)
+
+
 class Group(TyperGroup):
     """Errors become one line on stderr and an exit code: 2 for usage, 1 for runtime problems."""
 
@@ -55,23 +64,23 @@ class Group(TyperGroup):
             code = super().main(args=args, prog_name=prog_name, complete_var=complete_var,
                                 standalone_mode=False, **extra)
         except RelbenchError as error:
-            err_console.print(one_line(f"{error.prefix}{error}"), markup=False)
             code = error.exit_code
+            _say(f"{error.prefix}{error}", code)
             interrupted_message_shown = True
         except typer.Abort:
-            err_console.print("interrupted", markup=False)
             code = 130
+            _say("interrupted", code)
         except Exception as error:
             if not _is_click_error(error):
                 raise
             where = error.ctx.command_path if getattr(error, "ctx", None) else "relbench"
             message = " ".join(error.format_message().split())
-            err_console.print(one_line(f"error: {message} (see `{where} --help`)"), markup=False)
             code = error.exit_code
+            _say(f"error: {message} (see `{where} --help`)", code)
         code = code if isinstance(code, int) else 0
         if code == 130 and not interrupted_message_shown:
-            err_console.print("interrupted: everything finished so far is kept; run the same command again to "
-                              "compute the rest", markup=False)
+            _say("interrupted: everything finished so far is kept; run the same command again to compute the rest",
+                 code)
         if standalone_mode:
             sys.exit(code)
         return code

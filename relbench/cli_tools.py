@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from relbench import checkpoints, config, memory, positions, report, results
+from relbench import checkpoints, config, distributed, memory, positions, report, results
 from relbench.attention import BACKENDS, check
 from relbench.cli_common import Device, RunDir, Variants, all_variants, app, console, resolve_device
 from relbench.config import ModelConfig
@@ -98,6 +98,7 @@ def profile_command(
     from relbench.evaluate import validate_lengths
     from relbench.profile import PROFILE_CSV, profile_run
 
+    distributed.single_process("profile")   # it times this process; others beside it would skew the times
     if min(batch, heads, head_dim, repeats) < 1:
         raise UsageError("--batch, --heads, --head-dim and --repeats must be positive")
     lengths = validate_lengths(list(lengths) if lengths else [1024, 4096, 16384], 1 << 22)
@@ -135,6 +136,7 @@ def inspect_command(
     from relbench.evaluate import validate_lengths
     from relbench.inspect import INSPECT_CSV, inspect_run, tables
 
+    distributed.single_process("inspect")
     config = results.require_run(run)
     seed = config.get("seeds", [0])[0] if seed is None else seed
     specs = variants or config.get("variants", [])

@@ -38,7 +38,7 @@ def measure(spec: str, exp: Experiment, device: torch.device, steps: int = DRY_S
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         started = time.perf_counter()
-        forward_backward(model, optimizer, window[:, :-1], window[:, 1:], None, config)
+        forward_backward(model, optimizer, window[:, :-1], window[:, 1:], None, device, config, 0)
         optimizer_step(model, optimizer)
         if device.type == "cuda":
             torch.cuda.synchronize(device)

@@ -5,7 +5,8 @@
     copy        -> copy.csv     (one row per variant x seed x copy distance)
     passkey     -> passkey.csv  (one row per variant x seed x length x depth)
 
-Rows are written as each finishes. A row already there for the same key (for perplexity the key
+Rows are written as each unit of work (a variant x seed at one length) finishes; under torchrun
+the processes share the units and rank 0 writes the rows of each round (extrapolate_run). A row already there for the same key (for perplexity the key
 holds the protocol: mode, effective stride, scored tokens and segment length; for the tasks the
 number of trials) is kept and not recomputed unless `force`, so an interrupted run computes only
 the rest when run again, and rows of different protocols never replace each other. Every row
@@ -21,9 +22,9 @@ from typing import Any
 import pandas as pd
 import torch
 
-from relbench import checkpoints, evaluate, memory, results
+from relbench import checkpoints, distributed, evaluate, memory, results
 from relbench.attention import path_label, recording
-from relbench.config import EvalConfig
+from relbench.errors import RelbenchError
 from relbench.evaluate import ScoredText, effective_stride, position_rows, windows
 from relbench.model import GPT
 from relbench.profile import profile_one
@@ -48,6 +49,22 @@ DONE = ("ok", "unsupported")
 class Skipped:
     status: str     # "unsupported" or "oom"
     message: str
+
+
+@dataclass(frozen=True)
+class Job:
+    """What every unit of one `extrapolate` command shares."""
+    text: ScoredText
+    lengths: tuple[int, ...]
+    modes: tuple[str, ...]
+    stride: int | None
+    tasks: tuple[str, ...]
+    trials: int
+    max_batch_tokens: int
+    backend: str
+    device: torch.device
+    tokenizer: Any
+    force: bool = False
 
 
 def _unfit(model: GPT, length: int, per_batch: int, backend: str, device: torch.device) -> Skipped | None:
@@ -106,57 +123,46 @@ def perplexity_row(model: GPT, base: dict[str, Any], text: ScoredText, length: i
     return row, result
 
 
-def copy_rows(model: GPT, base: dict[str, Any], stream: torch.Tensor, lengths: list[int], trials: int,
-              max_batch_tokens: int, backend: str, device: torch.device, done: pd.DataFrame, force: bool) -> list[dict]:
+def copy_row(model: GPT, base: dict[str, Any], distance: int, length: int, job: Job) -> dict:
+    """The copy row at `distance` (inputs of `length` tokens)."""
+    row = {**base, "distance": distance, "length": length, "trials": job.trials, "status": "ok",
+           "loss_copy": float("nan"), "loss_plain": float("nan"), "ratio": float("nan"),
+           "ratio_low": float("nan"), "ratio_high": float("nan"), "message": ""}
+    unfit = _unfit(model, length, max(1, job.max_batch_tokens // length), job.backend, job.device)
+    if unfit is None:
+        unfit = _guarded(lambda: copy_task.copy_losses(model, job.text.tokens, distance, job.trials, job.device,
+                                                       job.max_batch_tokens), length, job.device)
+    if isinstance(unfit, Skipped):
+        row.update(status=unfit.status, message=unfit.message)
+    else:
+        low, high = unfit.interval()
+        row.update(loss_copy=float(unfit.loss_copy.mean()), loss_plain=float(unfit.loss_plain.mean()),
+                   ratio=unfit.ratio, ratio_low=low, ratio_high=high)
+    return row
+
+
+def passkey_rows(model: GPT, base: dict[str, Any], length: int, depths: tuple[float, ...], job: Job) -> list[dict]:
+    """The passkey rows at `length`, one per depth in `depths`."""
+    tokens = job.text.tokens.numpy()
+    unfit = _unfit(model, length, max(1, job.max_batch_tokens // length), job.backend, job.device)
+    if unfit is None and length < passkey.min_length(job.tokenizer):
+        unfit = Skipped("unsupported", f"a passkey trial needs at least {passkey.min_length(job.tokenizer)} tokens")
+    # the full, fixed set of trials, of which the depths still to do are taken: the same keys and
+    # filler whatever was computed before
+    plan = [t for t in passkey.trials(tokens.size, length, list(PASSKEY_DEPTHS), job.trials) if t.depth in depths]
+    if unfit is None:
+        unfit = _guarded(lambda: passkey.accuracy(model, tokens, plan, length, job.tokenizer, job.device,
+                                                  job.max_batch_tokens), length, job.device)
     rows = []
-    for distance, length in copy_task.distances(lengths):
-        row = {**base, "distance": distance, "length": length, "trials": trials, "status": "ok",
-               "loss_copy": float("nan"), "loss_plain": float("nan"), "ratio": float("nan"),
-               "ratio_low": float("nan"), "ratio_high": float("nan"), "message": ""}
-        if not force and _done(done, row, COPY_KEY):
-            continue
-        unfit = _unfit(model, length, max(1, max_batch_tokens // length), backend, device)
-        if unfit is None:
-            unfit = _guarded(lambda: copy_task.copy_losses(model, stream, distance, trials, device, max_batch_tokens),
-                             length, device)
+    for i, depth in enumerate(depths):
+        row = {**base, "length": length, "depth": depth, "trials": job.trials, "status": "ok",
+               "correct": float("nan"), "accuracy": float("nan"), "message": ""}
         if isinstance(unfit, Skipped):
             row.update(status=unfit.status, message=unfit.message)
         else:
-            low, high = unfit.interval()
-            row.update(loss_copy=float(unfit.loss_copy.mean()), loss_plain=float(unfit.loss_plain.mean()),
-                       ratio=unfit.ratio, ratio_low=low, ratio_high=high)
+            correct = sum(unfit[i * job.trials: (i + 1) * job.trials])
+            row.update(correct=correct, accuracy=correct / job.trials)
         rows.append(row)
-    return rows
-
-
-def passkey_rows(model: GPT, base: dict[str, Any], stream: torch.Tensor, lengths: list[int], trials: int,
-                 max_batch_tokens: int, backend: str, device: torch.device, tokenizer, done: pd.DataFrame,
-                 force: bool) -> list[dict]:
-    rows = []
-    tokens = stream.numpy()
-    for length in lengths:
-        todo = [depth for depth in PASSKEY_DEPTHS if force or not _done(
-            done, {**base, "length": length, "depth": depth, "trials": trials}, PASSKEY_KEY)]
-        if not todo:
-            continue
-        unfit = _unfit(model, length, max(1, max_batch_tokens // length), backend, device)
-        if unfit is None and length < passkey.min_length(tokenizer):
-            unfit = Skipped("unsupported", f"a passkey trial needs at least {passkey.min_length(tokenizer)} tokens")
-        # the full, fixed set of trials, of which the depths still to do are taken: the same keys and
-        # filler whatever was computed before
-        plan = [t for t in passkey.trials(tokens.size, length, list(PASSKEY_DEPTHS), trials) if t.depth in todo]
-        if unfit is None:
-            unfit = _guarded(lambda: passkey.accuracy(model, tokens, plan, length, tokenizer, device, max_batch_tokens),
-                             length, device)
-        for i, depth in enumerate(todo):
-            row = {**base, "length": length, "depth": depth, "trials": trials, "status": "ok",
-                   "correct": float("nan"), "accuracy": float("nan"), "message": ""}
-            if isinstance(unfit, Skipped):
-                row.update(status=unfit.status, message=unfit.message)
-            else:
-                correct = sum(unfit[i * trials: (i + 1) * trials])
-                row.update(correct=correct, accuracy=correct / trials)
-            rows.append(row)
     return rows
 
 
@@ -195,77 +201,168 @@ def _done(table: pd.DataFrame, row: dict[str, Any], key: list[str]) -> bool:
     return bool(same.any())
 
 
-def extrapolate_run(run_dir: Path, pairs: list[tuple[str, int]], lengths: list[int], modes: list[str],
-                    stride: int | None, text: ScoredText, eval_config: EvalConfig, backend: str,
-                    device: torch.device, console, force: bool = False, tasks: tuple[str, ...] = ("perplexity",),
-                    trials: int = 20, tokenizer=None) -> pd.DataFrame:
-    """Evaluate every (variant, seed) in `pairs` for every task (see the module doc). The cost of bias
-    and attention is measured once per variant and length (it depends on neither seed nor mode)."""
-    run_dir = Path(run_dir)
-    paths = {name: run_dir / name for name in (results.EXTRAPOLATION_CSV, POSITIONS_CSV, COPY_CSV, PASSKEY_CSV)}
-    table = _read(paths[results.EXTRAPOLATION_CSV], ROW_KEY)
-    bins = results.read_csv(paths[POSITIONS_CSV]) if paths[POSITIONS_CSV].is_file() else pd.DataFrame()
-    copies, keys = _read(paths[COPY_CSV], COPY_KEY), _read(paths[PASSKEY_CSV], PASSKEY_KEY)
-    reach = _read(run_dir / ATTENTION_CSV, ATTENTION_KEY)
-    costs: dict[tuple[str, int], dict] = {}
+@dataclass(frozen=True)
+class Unit:
+    """The work on one variant x seed at one length: a perplexity row per mode, the copy rows whose
+    inputs have this length, the passkey depths; the pair's first unit also takes the adjacent copy
+    (its inputs match no evaluated length) and the attention row. Under torchrun the units are what
+    the processes share."""
+    spec: str
+    seed: int
+    length: int
+    base: dict          # the fields every row of this variant x seed starts with (the device comes later)
+    modes: tuple[str, ...] = ()
+    copies: tuple[tuple[int, int], ...] = ()     # (distance, input length)
+    depths: tuple[float, ...] = ()
+    attention: bool = False
+
+    @property
+    def empty(self) -> bool:
+        return not (self.modes or self.copies or self.depths or self.attention)
+
+
+Update = tuple[str, dict, list]   # (CSV name, key, rows): the rows replace those that match every value of the key
+
+
+class Tables:
+    """The CSVs `extrapolate` adds rows to, read once. Every rank merges every update (so all hold
+    the same tables); only rank 0 writes the CSVs an update changed."""
+
+    KEYS = {results.EXTRAPOLATION_CSV: ROW_KEY, ATTENTION_CSV: ATTENTION_KEY, COPY_CSV: COPY_KEY,
+            PASSKEY_CSV: PASSKEY_KEY}
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
+        self.frames = {name: _read(self.run_dir / name, key) for name, key in self.KEYS.items()}
+        bins = self.run_dir / POSITIONS_CSV
+        self.frames[POSITIONS_CSV] = results.read_csv(bins) if bins.is_file() else pd.DataFrame()
+
+    def done(self, name: str, row: dict[str, Any]) -> bool:
+        return _done(self.frames[name], row, self.KEYS[name])
+
+    def row(self, name: str, row: dict[str, Any]) -> Update:
+        """The update that puts `row` in place of the one with its key."""
+        return name, {k: row[k] for k in self.KEYS[name]}, [row]
+
+    def merge(self, updates: list[Update]) -> None:
+        for name, key, rows in updates:
+            self.frames[name] = results.replace_rows(self.frames[name], key, rows)
+        if distributed.is_main():
+            for name in dict.fromkeys(name for name, _, _ in updates):
+                results.write_csv(self.run_dir / name, self.frames[name])
+
+
+def _base(run_dir: Path, spec: str, seed: int) -> dict[str, Any]:
+    meta = checkpoints.read_meta(results.checkpoint_dir(run_dir, spec, seed)) or {}
+    precision = meta.get("train", {}).get("precision") or meta.get("summary", {}).get("precision") or "unknown"
+    return {"variant": spec, "seed": seed, "train_length": meta.get("model", {}).get("train_length"),
+            "precision": precision, "eval_precision": "fp32"}
+
+
+def pair_units(tables: Tables, spec: str, seed: int, base: dict[str, Any], job: Job) -> list[Unit]:
+    """The units of one variant x seed, one per length, holding only the rows still to do (every
+    row with `job.force`)."""
+    def todo(name: str, **fields) -> bool:
+        return job.force or not tables.done(name, {**base, **fields})
+
+    copies = copy_task.distances(list(job.lengths)) if "copy" in job.tasks else []
+    units = []
+    for i, length in enumerate(job.lengths):
+        modes = [mode for mode in job.modes if "perplexity" in job.tasks and todo(
+            results.EXTRAPOLATION_CSV, length=length, mode=mode, stride=effective_stride(mode, job.stride, length),
+            n_tokens=job.text.n_tokens, segment=job.text.segment)]
+        mine = [(d, n) for d, n in copies if n == length or (i == 0 and n not in job.lengths)]
+        depths = [d for d in PASSKEY_DEPTHS if "passkey" in job.tasks and todo(
+            PASSKEY_CSV, length=length, depth=d, trials=job.trials)]
+        units.append(Unit(spec, seed, length, base, tuple(modes),
+                          tuple((d, n) for d, n in mine if todo(COPY_CSV, distance=d, trials=job.trials)),
+                          tuple(depths), i == 0 and todo(ATTENTION_CSV, length=base["train_length"])))
+    return units
+
+
+def plan(run_dir: Path, pairs: list[tuple[str, int]], job: Job, console) -> tuple[Tables, list[Unit]]:
+    """The CSVs as they are and the units with work left, in the order one process does them."""
+    tables, units = Tables(run_dir), []
     for spec, seed in pairs:
-        folder = results.checkpoint_dir(run_dir, spec, seed)
-        meta = checkpoints.read_meta(folder) or {}
-        precision = meta.get("train", {}).get("precision") or meta.get("summary", {}).get("precision") or "unknown"
-        base = {"variant": spec, "seed": seed, "train_length": meta.get("model", {}).get("train_length"),
-                "precision": precision, "eval_precision": "fp32", "device": str(device)}
-        todo = [(length, mode) for length in lengths for mode in modes if "perplexity" in tasks and (force or not _done(
-            table, {**base, "length": length, "mode": mode, "stride": effective_stride(mode, stride, length),
-                    "n_tokens": text.n_tokens, "segment": text.segment}, ROW_KEY))]
-        if "perplexity" in tasks and len(todo) < len(lengths) * len(modes):
-            console.print(f"{spec:<12} seed {seed}: {len(lengths) * len(modes) - len(todo)} perplexity row(s) already "
-                          f"computed, kept", markup=False)
-        model = None
+        mine = pair_units(tables, spec, seed, _base(run_dir, spec, seed), job)
+        kept = len(job.lengths) * len(job.modes) - sum(len(u.modes) for u in mine)
+        if "perplexity" in job.tasks and kept:
+            console.print(f"{spec:<12} seed {seed}: {kept} perplexity row(s) already computed, kept", markup=False)
+        units += [u for u in mine if not u.empty]
+    return tables, units
 
-        def loaded() -> GPT:
-            nonlocal model
-            if model is None:
-                model = checkpoints.load_model(folder, device)
-                model.config.attention = backend
-            return model
 
-        for length, mode in todo:
-            row, result = perplexity_row(loaded(), base, text, length, mode, stride, eval_config.max_batch_tokens,
-                                         backend, device)
-            if result is not None:
-                if (spec, length) not in costs:
-                    costs[spec, length] = layer_cost(loaded(), length, backend, device)
-                row.update(costs[spec, length])
-                key = {k: row[k] for k in ROW_KEY}
-                bins = results.replace_rows(bins, key, position_rows(result, key))
-            shown = f"ppl {row['ppl']:.3f}" if row["status"] == "ok" else row["status"]
-            console.print(f"{spec:<12} seed {seed} L={length:<6} {mode:<10} {shown:<14} "
-                          + (f"{row['eval_s']:.1f}s" if row["status"] == "ok" else row["message"]), markup=False)
-            table = results.upsert(table, row, ROW_KEY)
-            results.write_csv(paths[POSITIONS_CSV], bins)
-            results.write_csv(paths[results.EXTRAPOLATION_CSV], table)
-        train_length = base["train_length"] or loaded().config.train_length
-        if force or not _done(reach, {**base, "length": train_length}, ATTENTION_KEY):
-            reach = results.upsert(reach, attention_row(loaded(), base, text), ATTENTION_KEY)
-            results.write_csv(run_dir / ATTENTION_CSV, reach)
-        if "copy" in tasks:
-            for row in copy_rows(loaded(), base, text.tokens, lengths, trials, eval_config.max_batch_tokens, backend,
-                                 device, copies, force):
-                copies = results.upsert(copies, row, COPY_KEY)
-                results.write_csv(paths[COPY_CSV], copies)
-                shown = f"ratio {row['ratio']:.3f}" if row["status"] == "ok" else f"{row['status']} {row['message']}"
-                console.print(f"{spec:<12} seed {seed} copy d={row['distance']:<6} {shown}", markup=False)
-        if "passkey" in tasks:
-            rows = passkey_rows(loaded(), base, text.tokens, lengths, trials,
-                                eval_config.max_batch_tokens, backend, device, tokenizer, keys, force)
-            for row in rows:
-                keys = results.upsert(keys, row, PASSKEY_KEY)
-            if rows:
-                results.write_csv(paths[PASSKEY_CSV], keys)
-                for length in dict.fromkeys(r["length"] for r in rows):
-                    mine = [r for r in rows if r["length"] == length]
-                    shown = " ".join(f"{r['depth']:.2f}:{r['accuracy']:.0%}" if r["status"] == "ok" else r["status"]
-                                     for r in mine)
-                    console.print(f"{spec:<12} seed {seed} passkey L={length:<6} {shown}", markup=False)
-        del model
-    return table
+def perplexity_updates(unit: Unit, model: GPT, base: dict[str, Any], job: Job, tables: Tables,
+                       costs: dict[tuple[str, int], dict]) -> tuple[list[Update], list[str]]:
+    """The unit's perplexity rows (with the layer cost, measured once per variant and length) and
+    their position bins, as updates, and the lines that report them."""
+    updates, lines = [], []
+    for mode in unit.modes:
+        row, result = perplexity_row(model, base, job.text, unit.length, mode, job.stride, job.max_batch_tokens,
+                                     job.backend, job.device)
+        if result is not None:
+            if (unit.spec, unit.length) not in costs:
+                costs[unit.spec, unit.length] = layer_cost(model, unit.length, job.backend, job.device)
+            row.update(costs[unit.spec, unit.length])
+            key = {k: row[k] for k in ROW_KEY}
+            updates.append((POSITIONS_CSV, key, position_rows(result, key)))
+        updates.append(tables.row(results.EXTRAPOLATION_CSV, row))
+        shown = f"ppl {row['ppl']:.3f}" if row["status"] == "ok" else row["status"]
+        lines.append(f"{unit.spec:<12} seed {unit.seed} L={unit.length:<6} {mode:<10} {shown:<14} "
+                     + (f"{row['eval_s']:.1f}s" if row["status"] == "ok" else row["message"]))
+    return updates, lines
+
+
+def unit_updates(unit: Unit, model: GPT, job: Job, tables: Tables,
+                 costs: dict[tuple[str, int], dict]) -> tuple[list[Update], list[str]]:
+    """Every row of `unit`, as updates of the CSVs, and the lines that report them."""
+    base = {**unit.base, "device": str(job.device)}
+    updates, lines = perplexity_updates(unit, model, base, job, tables, costs)
+    if unit.attention:
+        updates.append(tables.row(ATTENTION_CSV, attention_row(model, base, job.text)))
+    for distance, length in unit.copies:
+        row = copy_row(model, base, distance, length, job)
+        updates.append(tables.row(COPY_CSV, row))
+        shown = f"ratio {row['ratio']:.3f}" if row["status"] == "ok" else f"{row['status']} {row['message']}"
+        lines.append(f"{unit.spec:<12} seed {unit.seed} copy d={distance:<6} {shown}")
+    if unit.depths:
+        rows = passkey_rows(model, base, unit.length, unit.depths, job)
+        updates += [tables.row(PASSKEY_CSV, row) for row in rows]
+        shown = " ".join(f"{r['depth']:.2f}:{r['accuracy']:.0%}" if r["status"] == "ok" else r["status"] for r in rows)
+        lines.append(f"{unit.spec:<12} seed {unit.seed} passkey L={unit.length:<6} {shown}")
+    return updates, lines
+
+
+def extrapolate_run(run_dir: Path, pairs: list[tuple[str, int]], job: Job, console) -> pd.DataFrame:
+    """Evaluate every (variant, seed) in `pairs` for every task of `job` (see the module doc) and
+    return the perplexity table.
+
+    The work is a list of units (variant x seed x length). Under torchrun the processes take them
+    round-robin, one unit each per round; after each round every rank's rows are gathered in unit
+    order, so rank 0 writes the same CSVs, rows in the same order, as one process would (one
+    process: rounds of one unit). A RelbenchError in any unit stops every rank after that round."""
+    tables, units = distributed.on_main(plan, Path(run_dir), pairs, job, console)
+    costs: dict[tuple[str, int], dict] = {}
+    model, loaded = None, None
+    for start in range(0, len(units), distributed.world()):
+        index = start + distributed.rank()
+        updates, lines, error = [], [], None
+        if index < len(units):
+            unit = units[index]
+            try:
+                if loaded != (unit.spec, unit.seed):   # the previous model is dropped before the next loads
+                    model, loaded = None, (unit.spec, unit.seed)
+                    model = checkpoints.load_model(results.checkpoint_dir(run_dir, unit.spec, unit.seed), job.device)
+                    model.config.attention = job.backend
+                updates, lines = unit_updates(unit, model, job, tables, costs)
+            except RelbenchError as failure:
+                error = failure
+        gathered = distributed.all_gather((updates, lines, error))   # rank order: unit order
+        for rank_updates, rank_lines, _ in gathered:
+            tables.merge(rank_updates)
+            for line in rank_lines:
+                console.print(line, markup=False)
+        for _, _, rank_error in gathered:
+            if rank_error is not None:
+                raise rank_error
+    return tables.frames[results.EXTRAPOLATION_CSV]

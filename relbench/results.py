@@ -33,6 +33,7 @@ import filelock
 import pandas as pd
 import torch
 
+from relbench import distributed
 from relbench.errors import RelbenchError
 
 DEFAULT_RUN_DIR = Path("runs") / "default"
@@ -181,6 +182,7 @@ def environment(device: str) -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpu_threads": torch.get_num_threads(),
+        "processes": distributed.world(),   # > 1: trained under torchrun (the same update, float sums in another order)
         "device": device,
         "cuda_device": torch.cuda.get_device_name() if device.startswith("cuda") else None,
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -202,7 +204,10 @@ class RunLock:
     """An exclusive lock on a run directory for the length of a command. A second relbench process
     on the same directory gets a clear error, naming the pid of the first, instead of interleaving
     its writes. The lock is `filelock`'s (flock on POSIX, msvcrt on Windows; the OS releases it when
-    a process dies); the holder's pid sits beside it in `.lock.pid` for the message."""
+    a process dies); the holder's pid sits beside it in `.lock.pid` for the message.
+
+    Under torchrun rank 0 takes it for the whole job and every rank learns whether it got it, so
+    all go on or all stop with the same message (no rank waits for a lock its own job holds)."""
 
     def __init__(self, run_dir: Path):
         self.path = Path(run_dir) / ".lock"
@@ -210,6 +215,10 @@ class RunLock:
         self.lock: filelock.FileLock | None = None
 
     def __enter__(self) -> "RunLock":
+        distributed.on_main(self._acquire)
+        return self
+
+    def _acquire(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         lock = filelock.FileLock(self.path, thread_local=False)
         try:
@@ -223,7 +232,6 @@ class RunLock:
                                 f"wait for it to finish, or use another --run-dir") from None
         self.lock = lock
         self.pid_path.write_text(str(os.getpid()))
-        return self
 
     def __exit__(self, *exc) -> None:
         if self.lock is not None:

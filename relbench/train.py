@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-from relbench import checkpoints, positions, results, tracking
+from relbench import checkpoints, distributed, positions, results, tracking
 from relbench.batches import training_batch, validation_batches
 from relbench.config import ModelConfig, TrainConfig, to_dict
 from relbench.data import Splits
@@ -88,34 +88,42 @@ def weighted_loss(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Te
     total = nll.sum()
     if reduction == "sum":
         return total
-    return total / (nll.numel() if weights is None else weights.sum().to(nll.device))
+    return _divide(total, loss_denominator(targets, weights))
+
+
+def loss_denominator(targets: torch.Tensor, weights: torch.Tensor | None) -> int | torch.Tensor:
+    """What the sum of a batch's (weighted) losses is divided by for its mean: the number of
+    predictions (an int), or the sum of their weights (a tensor)."""
+    return targets.numel() if weights is None else weights.sum()
+
+
+def _divide(total: torch.Tensor, denominator: int | torch.Tensor) -> torch.Tensor:
+    # an int divides as a scalar, as the loss always has (CUDA divides by a scalar through its reciprocal)
+    return total / (denominator.to(total.device) if isinstance(denominator, torch.Tensor) else denominator)
+
+
+def rank_loss(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor | None,
+              denominator: int | torch.Tensor) -> torch.Tensor:
+    """This process's part of the global batch's mean loss: the (weighted) sum over its rows divided
+    by the WHOLE batch's `denominator`, so that the parts add up to the global mean even when the
+    ranks' rows carry different weight sums (a mean per rank, averaged, would not). In one process
+    it is the batch's mean, computed exactly as `weighted_loss` computes it."""
+    return _divide(weighted_loss(logits, targets, weights, reduction="sum"), denominator)
 
 
 @torch.no_grad()
 def validation_loss(model: GPT, batches: list[tuple[torch.Tensor, torch.Tensor | None]], device: torch.device) -> float:
-    """The (weighted) mean loss over fixed validation batches."""
+    """The (weighted) mean loss over fixed validation batches. Under torchrun each rank scores its
+    share of every batch and the sums are added up (in float64), so every rank gets the same value."""
     model.eval()
     total, count = 0.0, 0.0
     for window, weights in batches:
-        window = window.to(device)
+        window, weights = distributed.share(window).to(device), distributed.share(weights)
         total += float(weighted_loss(model(window[:, :-1]), window[:, 1:], weights, reduction="sum"))
-        count += float(window[:, 1:].numel() if weights is None else weights.sum())
+        count += float(loss_denominator(window[:, 1:], weights))
     model.train()
+    total, count = distributed.sum_all(torch.tensor([total, count], dtype=torch.float64, device=device)).tolist()
     return total / count
-
-
-def forward_backward(model: GPT, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
-                     weights: torch.Tensor | None, config: TrainConfig) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The loss of one batch and its clipped gradients: (loss, gradient norm before clipping), or
-    (loss, None) without a backward pass when the loss is not finite."""
-    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=config.precision == "bf16"):
-        logits = model(x)                                                      # (B, L, V)
-    loss = weighted_loss(logits, y, weights)
-    if not torch.isfinite(loss):
-        return loss, None
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    return loss, torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
 
 
 class StopRequest:
@@ -159,6 +167,26 @@ class Diverged(Exception):
         self.step, self.loss = step, loss
 
 
+def forward_backward(model: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+                     weights: torch.Tensor | None, device: torch.device, config: TrainConfig,
+                     step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward, backward and gradient clipping of this rank's share of step `step`'s global batch
+    (x, y, weights: the whole batch, on every rank); returns the batch's mean loss, the same on
+    every rank, which is why all raise Diverged together when it is not finite (before backward),
+    and the gradient norm before clipping."""
+    inputs, targets = distributed.share(x).to(device), distributed.share(y).to(device)   # (B / world, L)
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.precision == "bf16"):
+        logits = model(inputs)                                                 # (B / world, L, V)
+    part = rank_loss(logits, targets, distributed.share(weights), loss_denominator(y, weights))
+    loss = distributed.sum_all(part)
+    if not torch.isfinite(loss):
+        raise Diverged(step, loss.item())
+    optimizer.zero_grad(set_to_none=True)
+    # DDP averages the ranks' gradients; world x each part makes that average the batch mean's gradient
+    (part * distributed.world()).backward()
+    return loss, torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+
+
 def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, splits: Splits, device: torch.device,
                   progress: Progress | None = None, folder: Path | None = None,
                   stop: StopRequest | None = None,
@@ -170,7 +198,12 @@ def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, spl
     when `stop` is requested, and training resumes from it when present. The batch and learning rate
     of a step depend on the step alone, so a resumed run ends with exactly the weights of an
     uninterrupted one. `on_pace(seconds_per_step)` is called once, after the first PACE_STEPS steps
-    that follow a warm-up step; `on_row(row)` with every loss-curve row as it is logged."""
+    that follow a warm-up step; `on_row(row)` with every loss-curve row as it is logged.
+
+    Under torchrun every rank draws the whole batch of a step and computes its share of the rows
+    (DistributedDataParallel averages the gradients), so N processes make the update one process
+    makes, up to the order of float sums. The loss they log and test for divergence, the validation
+    loss and the decision to stop are the same on every rank; rank 0 saves."""
     model_config = dataclasses.replace(model_config, position=spec, attention=config.attention)
     scale, scale_source = position_lr(spec, config)
     config = dataclasses.replace(config, position_lr_scale=scale)
@@ -180,7 +213,7 @@ def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, spl
     identity = {"model": to_dict(model_config), "train": to_dict(config)}
     state: dict[str, Any] = {"step": 0, "rows": [], "running": 0.0, "running_n": 0, "val": float("nan"),
                              "elapsed": 0.0, "max_logit": 0.0, "identity": identity}
-    resume = checkpoints.load_resume(folder) if folder is not None else None
+    resume = distributed.on_main(checkpoints.load_resume, folder) if folder is not None else None
     if resume is not None:
         if resume["state"].get("identity") != identity:
             raise RelbenchError(f"{folder}/{checkpoints.RESUME_FILE} was saved with another configuration; "
@@ -188,6 +221,7 @@ def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, spl
         model.load_state_dict(resume["model"])
         optimizer.load_state_dict(resume["optimizer"])
         state = resume["state"]
+    trained = distributed.wrap(model, device)        # the model itself in one process
     train_tokens = torch.from_numpy(splits.train)
     val_batches = validation_batches(torch.from_numpy(splits.validation), config, model_config.train_length,
                                      splits.tokenizer)
@@ -204,10 +238,7 @@ def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, spl
         for group in optimizer.param_groups:
             group["lr"] = lr * group["lr_scale"]
         x, y, weights = training_batch(train_tokens, step, config, model_config.train_length, splits.tokenizer)
-        x, y = x.to(device), y.to(device)
-        loss, grad_norm = forward_backward(model, optimizer, x, y, weights, config)
-        if grad_norm is None:
-            raise Diverged(step, loss.item())
+        loss, grad_norm = forward_backward(trained, optimizer, x, y, weights, device, config, step)
         if step == config.steps - 1:  # what reaches the position parameters at the end, after clipping
             position_grads = {name: p.grad.norm().item()
                               for name, p in model.positions.named_parameters() if p.grad is not None}
@@ -219,7 +250,7 @@ def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, spl
         if done % config.eval_every == 0 or last:
             state["val"] = validation_loss(model, val_batches, device)
         if done % log_every == 0 or done % config.eval_every == 0 or last:
-            max_logit = attention_logit_max(model, x[:1])
+            max_logit = attention_logit_max(model, x[:1].to(device))   # the batch's first sequence, on every rank
             state["max_logit"] = max(state["max_logit"], max_logit)
             elapsed = state["elapsed"] + time.perf_counter() - started
             state["rows"].append({
@@ -241,14 +272,16 @@ def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, spl
             rate = (done - first_step) * tokens_per_step / (time.perf_counter() - started)
             progress.update(task, completed=done, loss=f"{loss.item():.3f}",
                             val=f"{state['val']:.3f}" if math.isfinite(state["val"]) else "-", speed=f"{rate:,.0f}")
-        stopping = stop is not None and stop.signum is not None
-        if folder is not None and not last and (stopping or done % config.checkpoint_every == 0):
+        # a signal to any rank stops every rank after this same step (the largest signal number wins)
+        signum = distributed.max_all(stop.signum or 0, device) if stop is not None else 0
+        if folder is not None and not last and (signum or done % config.checkpoint_every == 0):
             state["elapsed"] += time.perf_counter() - started
             started, first_step = time.perf_counter(), done
-            checkpoints.save_resume(folder, model, optimizer, state)
-        if stopping and not last:
+            if distributed.is_main():
+                checkpoints.save_resume(folder, model, optimizer, state)
+        if signum and not last:
             raise Interrupted(f"interrupted: {spec} seed {config.seed} stopped at step {done} of {config.steps} and "
-                              f"saved in {folder}; run the same `relbench train` again to resume", stop.signum)
+                              f"saved in {folder}; run the same `relbench train` again to resume", signum)
     seconds = state["elapsed"] + time.perf_counter() - started
     summary = {"variant": spec, "seed": config.seed, "steps": config.steps, "val_loss": state["val"],
                "position_lr_scale": scale, "position_lr_source": scale_source, "precision": config.precision,
@@ -282,16 +315,17 @@ def train_run(run_dir: Path, specs: list[str], seeds: list[int], run_config: dic
     """Train every variant in `specs` once per seed, skipping those with a finished checkpoint (unless
     `force`), and save each checkpoint and loss curve as soon as it finishes. Seeds run in order,
     every variant per seed. Ctrl-C or SIGTERM saves a resumable state and stops (see StopRequest); a
-    variant whose loss stops being finite keeps its last good state and the others go on. `logger`:
-    a tracker (relbench.tracking) that mirrors the loss curves."""
+    variant whose loss stops being finite keeps its last good state and the others go on. Under
+    torchrun rank 0 reads the checkpoints and writes every file; the others learn what it read.
+    `logger`: a tracker (relbench.tracking) that mirrors the loss curves."""
     model_config = ModelConfig(**run_config["model"])
     base = TrainConfig(**run_config["train"])
     for spec in specs:  # fail on a bad variant or option before any training starts
         positions.build_spec(spec, n_heads=model_config.n_heads, head_dim=model_config.head_dim,
                              d_model=model_config.d_model, train_length=model_config.train_length)
     summaries, failures = [], []
-    todo = sum(1 for seed in seeds for spec in specs if force or not (checkpoints.read_meta(
-        results.checkpoint_dir(run_dir, spec, seed)) or {}).get("finished"))
+    todo = distributed.on_main(lambda: sum(1 for seed in seeds for spec in specs if force or not (
+        checkpoints.read_meta(results.checkpoint_dir(run_dir, spec, seed)) or {}).get("finished")))
     closing = contextlib.closing(logger) if logger is not None else contextlib.nullcontext()
     with StopRequest() as stop, make_progress(console) as progress, closing:
         def pace(seconds_per_step: float, spec: str = "") -> None:
@@ -303,12 +337,12 @@ def train_run(run_dir: Path, specs: list[str], seeds: list[int], run_config: dic
             for spec in specs:
                 label = spec if len(seeds) == 1 else f"{spec} seed {seed}"
                 folder = results.checkpoint_dir(run_dir, spec, seed)
-                meta = checkpoints.read_meta(folder)
+                meta = distributed.on_main(checkpoints.read_meta, folder)
                 if meta and meta.get("finished") and not force:
                     progress.console.print(f"{label}: already trained ({folder}); --force trains it again")
                     summaries.append(meta["summary"])
                     continue
-                if force and meta is not None:
+                if force and meta is not None and distributed.is_main():
                     (folder / checkpoints.RESUME_FILE).unlink(missing_ok=True)
                 try:
                     model, rows, summary = train_variant(
@@ -319,14 +353,15 @@ def train_run(run_dir: Path, specs: list[str], seeds: list[int], run_config: dic
                     if not is_out_of_memory(error):
                         raise
                     raise RelbenchError(
-                        f"out of memory training {label} at --batch-size {train_config.batch_size} x --train-length "
+                        f"out of memory training {label} at {distributed.batch_text(train_config.batch_size)} x --train-length "
                         f"{model_config.train_length} on {device}; finished variants and the last resumable state of "
                         f"this one are kept in {run_dir}; use a smaller --batch-size or --train-length") from None
                 except Diverged as error:
                     message = (f"{label} diverged ({error}); its last good state is kept in {folder}; "
                                f"try a lower --lr, or --force to start it again")
-                    checkpoints.write_status(folder, {"variant": spec, "seed": seed, "finished": False,
-                                                      "status": "diverged", "message": message})
+                    if distributed.is_main():
+                        checkpoints.write_status(folder, {"variant": spec, "seed": seed, "finished": False,
+                                                          "status": "diverged", "message": message})
                     progress.console.print(message, markup=False)
                     failures.append(message)
                     continue
@@ -334,8 +369,9 @@ def train_run(run_dir: Path, specs: list[str], seeds: list[int], run_config: dic
                 meta = {"variant": spec, "seed": seed, "finished": True, "status": "finished", "summary": summary,
                         "model": to_dict(model.config), "dataset": run_config["dataset"],
                         "train": to_dict(dataclasses.replace(train_config, position_lr_scale=summary["position_lr_scale"]))}
-                _append_train_rows(Path(run_dir) / results.TRAIN_CSV, spec, seed, rows)
-                checkpoints.save_checkpoint(folder, model, meta)
+                if distributed.is_main():
+                    _append_train_rows(Path(run_dir) / results.TRAIN_CSV, spec, seed, rows)
+                    checkpoints.save_checkpoint(folder, model, meta)
                 progress.console.print(f"{label}: validation loss {summary['val_loss']:.4f} after {summary['steps']} "
                                        f"steps, {summary['train_seconds']:.0f} s, {summary['tokens_per_s']:,.0f} tokens/s")
                 summaries.append(summary)

@@ -6,6 +6,7 @@ notice ("survived") is a gap in the tests.
     python tests/mutation_check.py              # every mutation, the core tests; exits 1 if any survives
     python tests/mutation_check.py --list       # the mutations
     python tests/mutation_check.py -k offset    # the mutations whose name contains "offset"
+    python tests/mutation_check.py -k torchrun  # distributed training and evaluation (2 gloo processes each)
 
 Not collected by pytest (its name does not start with test_); it takes a few minutes.
 """
@@ -25,7 +26,10 @@ ROOT = Path(__file__).resolve().parents[1]
 CORE_TESTS = ["tests/test_attention.py", "tests/test_positions.py", "tests/test_zoo.py", "tests/test_model.py",
               "tests/test_faithful.py"]
 
-# (name, file, the exact text, what replaces it): each text occurs exactly once in its file
+# (name, file, the exact text, what replaces it[, the tests that must notice]): each text occurs
+# exactly once in its file; without tests of its own a mutation is checked by the core tests
+DDP = "tests/test_distributed.py::"
+DDP_TRAIN = [DDP + "test_two_processes_train_the_weights_of_one"]
 MUTATIONS = [
     ("bias sign flipped on the reference path", "relbench/attention.py",
      "scores = scores + plan.full().to(scores.dtype)", "scores = scores - plan.full().to(scores.dtype)"),
@@ -82,6 +86,27 @@ MUTATIONS = [
     ("is_causal dropped without a bias", "relbench/attention.py",
      "        return F.scaled_dot_product_attention(q, k, v, is_causal=True)\n    bias =",
      "        return F.scaled_dot_product_attention(q, k, v)\n    bias ="),
+    ("torchrun: every rank trains on the whole batch (its share dropped, the x world scaling kept)",
+     "relbench/train.py", "inputs, targets = distributed.share(x).to(device), distributed.share(y).to(device)",
+     "inputs, targets = x.to(device), y.to(device)", DDP_TRAIN),
+    ("torchrun: gradients not scaled by the world size (DDP's average halves them)", "relbench/train.py",
+     "(part * distributed.world()).backward()", "part.backward()", DDP_TRAIN),
+    ("torchrun: each rank divides its loss by its own rows' count", "relbench/train.py",
+     "distributed.share(weights), loss_denominator(y, weights))",
+     "distributed.share(weights), loss_denominator(targets, distributed.share(weights)))", DDP_TRAIN),
+    ("torchrun: a rank's loss is its own rows' weighted mean", "relbench/train.py",
+     'return _divide(weighted_loss(logits, targets, weights, reduction="sum"), denominator)',
+     "return weighted_loss(logits, targets, weights)", [DDP + "test_weighted_loss_split_over_ranks_is_the_unsplit_loss_and_gradient"]),
+    ("torchrun: validation loss of rank 0's rows only", "relbench/train.py",
+     "total, count = distributed.sum_all(torch.tensor([total, count], dtype=torch.float64, device=device)).tolist()",
+     "pass", DDP_TRAIN),
+    ("torchrun: a signal stops only the rank that got it", "relbench/train.py",
+     "signum = distributed.max_all(stop.signum or 0, device) if stop is not None else 0",
+     "signum = (stop.signum or 0) if stop is not None else 0",
+     [DDP + "test_interrupted_run_resumes_to_the_weights_of_an_uninterrupted_one"]),
+    ("torchrun: rank 0 merges only its own extrapolation rows", "relbench/extrapolate.py",
+     "for rank_updates, rank_lines, _ in gathered:", "for rank_updates, rank_lines, _ in gathered[:1]:",
+     [DDP + "test_extrapolate_under_two_processes_writes_the_rows_of_one"]),
 ]
 
 
@@ -106,7 +131,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-k", default="", help="only mutations whose name contains this")
     parser.add_argument("--list", action="store_true")
-    parser.add_argument("--tests", nargs="+", default=CORE_TESTS)
+    parser.add_argument("--tests", nargs="+", default=CORE_TESTS, help="for the mutations without tests of their own")
     args = parser.parse_args()
     chosen = [m for m in MUTATIONS if args.k in m[0]]
     if args.list:
@@ -114,7 +139,7 @@ def main() -> int:
         return 0
     survived = []
     with tempfile.TemporaryDirectory() as scratch:
-        for name, file, old, new in chosen:
+        for name, file, old, new, *tests in chosen:
             copy = Path(scratch) / "copy"
             shutil.rmtree(copy, ignore_errors=True)
             shutil.copytree(ROOT / "relbench", copy / "relbench")
@@ -122,7 +147,7 @@ def main() -> int:
             shutil.copy(ROOT / "pyproject.toml", copy / "pyproject.toml")
             mutate(copy, file, old, new)
             start = time.perf_counter()
-            passed, last = run_tests(copy, args.tests)
+            passed, last = run_tests(copy, tests[0] if tests else args.tests)
             verdict = "SURVIVED" if passed else "killed"
             print(f"{verdict:<8} {time.perf_counter() - start:5.0f}s  {name}   ({last})", flush=True)
             if passed:
