@@ -15,8 +15,9 @@ import typer
 from relbench import checkpoints, memory, positions, report, results
 from relbench import cli_tools  # noqa: F401  (registers variants, profile and inspect)
 from relbench.attention import check, flush_denormals
-from relbench.cli_common import (Attention, Device, Lengths, PositionLR, Precision, RunDir, Variants, _check_backend,
-                                 all_variants, app, console, position_lr_overrides, resolve_device, unique)
+from relbench.cli_common import (Attention, Device, Lengths, MaxTrainTokens, PositionLR, Precision, RunDir, Stream,
+                                 TokenizerName, Variants, _check_backend, all_variants, app, console,
+                                 position_lr_overrides, resolve_device, unique)
 from relbench.cli_group import spread_variadic  # noqa: F401  (part of the module's API)
 from relbench.config import (DEFAULT_PRESET, PRESETS, EvalConfig, ModelConfig, TrainConfig, resolve,
                              resolve_precision, to_dict)
@@ -38,8 +39,9 @@ def _check_training_memory(specs: list[str], model: ModelConfig, train: TrainCon
 def _train(run_dir: Path, variants: list[str] | None, preset: str, dataset: str | None, seeds: list[int] | None,
            steps: int | None, train_length: int | None, batch_size: int | None, lr: float | None,
            device: str, force: bool, attention: str = "auto", precision: str | None = None,
-           position_lr_scale: str | None = None, untuned: bool = False) -> dict[str, Any]:
-    from relbench.data import load_splits
+           position_lr_scale: str | None = None, untuned: bool = False, tokenizer: str = "bytes",
+           stream: bool = False, max_train_tokens: int | None = None) -> dict[str, Any]:
+    from relbench.data import RUN_DATA_DEFAULTS, load_splits
     from relbench.train import train_run
 
     specs = all_variants(variants)
@@ -52,18 +54,21 @@ def _train(run_dir: Path, variants: list[str] | None, preset: str, dataset: str 
     train_config.precision = resolve_precision(train_config.precision, target)
     for spec in specs:  # an impossible backend for a variant fails here, before any work
         _check_backend(attention, spec, model_config, target, training=True)
+    splits = load_splits(dataset, tokenizer, stream=stream, max_train_tokens=max_train_tokens, console=console)
+    model_config = dataclasses.replace(model_config, vocab_size=splits.tokenizer.vocab_size)
     _check_training_memory(specs, model_config, train_config, preset, target)
-    splits = load_splits(dataset)
     run_config = {"preset": preset, "model": to_dict(model_config), "train": to_dict(train_config),
                   "eval": to_dict(eval_config), "dataset": dataset or "sotu", "tokenizer": splits.tokenizer.name,
-                  "dataset_description": splits.description}
+                  "tokenizer_fingerprint": splits.tokenizer.fingerprint, "stream": stream,
+                  "max_train_tokens": max_train_tokens, "dataset_description": splits.description}
     run_config["model"].pop("position")
     run_config["model"].pop("attention")
     run_config["train"].pop("seed")
     config_path = Path(run_dir) / results.CONFIG
     if config_path.is_file():
         old = results.read_json(config_path)
-        differs = [key for key in ("model", "train", "dataset", "tokenizer") if old.get(key) != run_config[key]]
+        differs = [key for key in ("model", "train", "dataset", "tokenizer", "stream", "max_train_tokens")
+                   if old.get(key, RUN_DATA_DEFAULTS.get(key)) != run_config[key]]
         if differs:
             raise UsageError(f"{run_dir} holds a run with a different {' and '.join(differs)} configuration "
                              f"(preset {old.get('preset')}); use another --run-dir, or delete {run_dir} to start over")
@@ -85,7 +90,11 @@ def train_command(
     variants: Variants = None,
     preset: Annotated[str, typer.Option(help=f"Named preset: {', '.join(PRESETS)}.")] = DEFAULT_PRESET,
     dataset: Annotated[str | None, typer.Option(help="A .txt file or folder of .txt files, .jsonl/.parquet with a "
-                                                "text column, or a hub name name[:config]. Default: the embedded corpus.")] = None,
+                                                "text column, a datasets save_to_disk folder, or a hub name "
+                                                "name[:config]. Default: the embedded corpus.")] = None,
+    tokenizer: TokenizerName = "bytes",
+    stream: Stream = False,
+    max_train_tokens: MaxTrainTokens = None,
     run_dir: RunDir = results.DEFAULT_RUN_DIR,
     seeds: Annotated[list[int] | None, typer.Option(help="Seeds (initialisation and data order); each variant is "
                                                     "trained once per seed. Default: 0.")] = None,
@@ -101,11 +110,12 @@ def train_command(
 ) -> None:
     """Train one small causal LM per variant, with the same seed, data order and batches.
 
-    Example: relbench train --variants xl t5 alibi --preset quick
+    Example: relbench train --variants xl t5 alibi --preset quick --tokenizer bpe:4096
     """
     with results.RunLock(run_dir):
         _train(run_dir, variants, preset, dataset, seeds, steps, train_length, batch_size, lr, device, force,
-               attention, precision, position_lr_scale)
+               attention, precision, position_lr_scale, tokenizer=tokenizer, stream=stream,
+               max_train_tokens=max_train_tokens)
 
 
 @app.command("tune-lr")
@@ -114,6 +124,9 @@ def tune_lr_command(
     grid: Annotated[list[float] | None, typer.Option(help="Multipliers to try (default: 1 3 10 30 100).")] = None,
     preset: Annotated[str, typer.Option(help=f"Named preset: {', '.join(PRESETS)}.")] = DEFAULT_PRESET,
     dataset: Annotated[str | None, typer.Option(help="As for `relbench train` (default: the embedded corpus).")] = None,
+    tokenizer: TokenizerName = "bytes",
+    stream: Stream = False,
+    max_train_tokens: MaxTrainTokens = None,
     run_dir: Annotated[Path, typer.Option("--run-dir", help="Run directory of the sweep.")] = Path("runs") / "lr-sweep",
     seeds: Annotated[list[int] | None, typer.Option(help="Seeds per multiplier (default: 0).")] = None,
     steps: Annotated[int | None, typer.Option(help="Optimiser steps (overrides the preset).")] = None,
@@ -139,7 +152,8 @@ def tune_lr_command(
     grid_specs = [tune.grid_spec(spec, scale) for spec in specs for scale in grid]
     with results.RunLock(run_dir):
         config = _train(run_dir, grid_specs, preset, dataset, seeds, steps, None, None, None, device, False,
-                        untuned=True)  # every grid spec sets its own multiplier; the preset's table plays no part
+                        untuned=True,  # every grid spec sets its own multiplier; the preset's table plays no part
+                        tokenizer=tokenizer, stream=stream, max_train_tokens=max_train_tokens)
         frame = tune.collect(run_dir, specs, grid, seeds)
         chosen = tune.write(run_dir, frame, config)
     console.print(report.rich_table("Validation loss at the training length per position learning-rate multiplier "
@@ -152,7 +166,7 @@ def _extrapolate(run_dir: Path, lengths: list[int] | None, variants: list[str] |
                  eval_tokens: int | None, device: str, seeds: list[int] | None = None,
                  modes: list[str] | None = None, stride: int | None = None, force: bool = False,
                  tasks: list[str] | None = None, trials: int | None = None) -> None:
-    from relbench.data import load_splits
+    from relbench.data import load_run_splits
     from relbench.evaluate import MODES, longest_length, scored_text, validate_lengths
     from relbench.extrapolate import extrapolate_run
     from relbench.tasks import TASKS
@@ -190,13 +204,15 @@ def _extrapolate(run_dir: Path, lengths: list[int] | None, variants: list[str] |
     model_config = ModelConfig(**config["model"])
     for spec in dict.fromkeys(s for s, _ in trained):
         _check_backend(attention, spec, model_config, target, training=False)
-    splits = load_splits(None if config["dataset"] == "sotu" else config["dataset"])
+    splits = load_run_splits(config, console)
+    for spec, seed in trained:
+        checkpoints.check_tokenizer(results.checkpoint_dir(run_dir, spec, seed), splits.tokenizer)
     lengths = validate_lengths(list(lengths) if lengths else [m * train_length for m in eval_config.length_multiples],
                                longest_length(splits.test.size))
     stride = stride if stride is not None else max(1, train_length // 2)
     if stride < 1:
         raise UsageError(f"--stride must be positive, got {stride}")
-    text = scored_text(splits.test, lengths, eval_config.eval_tokens)
+    text = scored_text(splits.test, lengths, eval_config.eval_tokens, splits.tokenizer.token_bytes)
     console.print(f"evaluating {len(trained)} checkpoint(s) at lengths {', '.join(map(str, lengths))}: "
                   f"{', '.join(tasks)}; perplexity {' and '.join(modes)}{f' (stride {stride})' if 'sliding' in modes else ''} "
                   f"on {text.n_tokens:,} test tokens in {len(text.offsets)} segments spread over the test split "
@@ -268,6 +284,8 @@ def bench_command(
     lengths: Lengths = None,
     run_dir: RunDir = results.DEFAULT_RUN_DIR,
     position_lr_scale: PositionLR = None,
+    tokenizer: TokenizerName = "bytes",
+    max_train_tokens: MaxTrainTokens = None,
     device: Device = "auto",
 ) -> None:
     """Train, extrapolate and report in one go on the embedded corpus (the default preset: quick).
@@ -277,7 +295,7 @@ def bench_command(
     """
     with results.RunLock(run_dir):
         config = _train(run_dir, variants, preset, None, None, None, None, None, None, device, False,
-                        position_lr_scale=position_lr_scale)
+                        position_lr_scale=position_lr_scale, tokenizer=tokenizer, max_train_tokens=max_train_tokens)
         _extrapolate(run_dir, lengths, variants or config["variants"], "auto", None, device)
         _report(run_dir)
 
