@@ -1,7 +1,7 @@
 """Checkpoints: a finished model, and the state to resume an interrupted training.
 
     checkpoints/<variant>-seed<s>/model.pt    weights of the finished model (a plain state dict)
-    checkpoints/<variant>-seed<s>/meta.json   config, summary, status, sha256 of model.pt
+    checkpoints/<variant>-seed<s>/meta.json   config, tokenizer, summary, status, sha256 of model.pt
     checkpoints/<variant>-seed<s>/resume.pt   model + optimiser state, step, loss-curve rows (while training)
 
 Everything is loaded with torch's safe loader (`weights_only=True`: tensors and plain containers,
@@ -57,6 +57,20 @@ def read_meta(folder: Path) -> dict[str, Any] | None:
     if not isinstance(meta, dict):
         raise RelbenchError(f"{path} is not a relbench checkpoint description; delete {folder} and retrain it")
     return meta
+
+
+def check_tokenizer(folder: Path, tokenizer) -> None:
+    """Refuse a checkpoint trained with another tokenizer than the run's `tokenizer` (its token ids would
+    mean other text). Checkpoints from before the tokenizer was recorded were trained on bytes."""
+    meta = read_meta(folder) or {}
+    name, fingerprint = meta.get("tokenizer", "bytes"), meta.get("tokenizer_fingerprint")
+    if name != tokenizer.name:
+        raise RelbenchError(f"checkpoint {folder} was trained with tokenizer {name}, but its run reads "
+                            f"{tokenizer.name}; evaluate it in a run directory trained with {name}")
+    if fingerprint is not None and fingerprint != tokenizer.fingerprint:
+        raise RelbenchError(f"checkpoint {folder} was trained with {fingerprint}, but {name} is now "
+                            f"{tokenizer.fingerprint} (its cached copy was rebuilt differently); retrain it with `relbench "
+                            f"train --force --variants {meta.get('variant', '?')} --seeds {meta.get('seed', 0)}`")
 
 
 def _safe_load(path: Path, what: str, fix: str, data: bytes | None = None) -> Any:

@@ -15,13 +15,13 @@ import typer
 from relbench import checkpoints, distributed, memory, positions, report, results, tracking
 from relbench import cli_tools  # noqa: F401  (registers variants, profile and inspect)
 from relbench.attention import check, flush_denormals
-from relbench.cli_common import (Attention, ConfigFile, Device, Lengths, Log, PositionLR, Precision, Preset, RunDir,
-                                 TrainAttention, Variants, _check_backend, all_variants, app, console,
-                                 position_lr_overrides, resolve_device, unique)
+from relbench.cli_common import (Attention, ConfigFile, Device, Lengths, Log, MaxTrainTokens, PositionLR, Precision,
+                                 Preset, RunDir, Stream, TokenizerName, TrainAttention, Variants, _check_backend,
+                                 all_variants, app, console, position_lr_overrides, resolve_device, unique)
 from relbench.cli_group import spread_variadic  # noqa: F401  (part of the module's API)
 from relbench import __version__ as relbench_version
-from relbench.config import (DataConfig, EvalConfig, Experiment, ModelConfig, TrainConfig, experiment, read_file,
-                             resolve_precision, to_dict, to_toml)
+from relbench.config import (EvalConfig, Experiment, ModelConfig, TrainConfig, experiment, read_file,
+                             resolve_precision, run_data, to_dict, to_toml)
 from relbench.errors import RelbenchError, UsageError, unknown
 
 
@@ -49,12 +49,12 @@ def _experiment(preset: str | None, config: Path | None, variants: list[str] | N
     return exp, all_variants(variants or exp.variants), unique("seed", seeds or exp.seeds or [0])
 
 
-def _run_config(exp: Experiment, specs: list[str], seeds: list[int], description: str) -> dict[str, Any]:
-    """What config.json records of a run (config.toml holds the same, see `_write_config`)."""
+def _run_config(exp: Experiment, specs: list[str], seeds: list[int], splits) -> dict[str, Any]:
+    """What config.json records of a run (config.toml holds the same but what loading the data
+    found, see `_write_config`)."""
     run_config = {"preset": exp.preset, "model": to_dict(exp.model), "train": to_dict(exp.train),
-                  "eval": to_dict(exp.eval), "data": to_dict(exp.data), "dataset": exp.data.dataset,
-                  "tokenizer": exp.data.tokenizer, "dataset_description": description, "variants": specs,
-                  "seeds": seeds}
+                  "eval": to_dict(exp.eval), "data": to_dict(exp.data), "dataset_description": splits.description,
+                  "tokenizer_fingerprint": splits.tokenizer.fingerprint, "variants": specs, "seeds": seeds}
     run_config["model"].pop("position")
     run_config["model"].pop("attention")
     run_config["train"].pop("seed")
@@ -74,14 +74,14 @@ def _write_config(run_dir: Path, run_config: dict[str, Any], description: str) -
 
 def _differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """The parts of a run's configuration that differ (a run directory holds one configuration)."""
-    old_data = old.get("data") or {"dataset": old.get("dataset"), "tokenizer": old.get("tokenizer")}
-    old_data = to_dict(DataConfig(**old_data))   # a config.json from before [data] had its defaults
-    return [key for key in ("model", "train", "data") if (old_data if key == "data" else old.get(key)) != new[key]]
+    old_data = to_dict(run_data(old))   # a config.json from before [data]: its defaults
+    return ([key for key in ("model", "train") if old.get(key) != new[key]]
+            + [key for key, value in new["data"].items() if old_data.get(key) != value])
 
 
 def _train(run_dir: Path, exp: Experiment, specs: list[str], seeds: list[int], device: str, force: bool,
            log: str = "none") -> dict[str, Any]:
-    from relbench.data import load_splits
+    from relbench.data import load_data
     from relbench.train import train_run
 
     target = resolve_device(device)
@@ -91,9 +91,10 @@ def _train(run_dir: Path, exp: Experiment, specs: list[str], seeds: list[int], d
     train_config.precision = resolve_precision(train_config.precision, target)
     for spec in specs:  # an impossible backend for a variant fails here, before any work
         _check_backend(train_config.attention, spec, model_config, target, training=True)
+    splits = load_data(exp.data, console)
+    exp.model.vocab_size = splits.tokenizer.vocab_size   # the model's vocabulary follows the tokenizer
     _check_training_memory(specs, model_config, train_config, exp.preset, target)
-    splits = load_splits(None if exp.data.dataset == "sotu" else exp.data.dataset, exp.data.tokenizer)
-    run_config = _run_config(exp, specs, seeds, splits.description)
+    run_config = _run_config(exp, specs, seeds, splits)
     run_config = distributed.on_main(_record_run, run_dir, run_config, specs, seeds, target, exp.description)
     console.print(f"training {len(specs)} variant(s) x {len(seeds)} seed(s) on {splits.description}: "
                   f"{splits.sizes()['train']:,} train tokens; run directory {run_dir}"
@@ -124,8 +125,16 @@ def _record_run(run_dir: Path, run_config: dict[str, Any], specs: list[str], see
 def _dry_run(exp: Experiment, specs: list[str], seeds: list[int], device: str) -> None:
     from relbench import dryrun
 
+    from relbench.data.tokenizer import planned_vocab_size
+
     target = resolve_device(device)
     exp.train.precision = resolve_precision(exp.train.precision, target)
+    try:
+        exp.model.vocab_size = planned_vocab_size(exp.data.tokenizer)
+    except RelbenchError as error:   # a hub tokenizer out of reach: the file's vocab_size stands in for it
+        if isinstance(error, UsageError):
+            raise
+        console.print(f"note: {error}; assuming the configured vocabulary of {exp.model.vocab_size:,}", markup=False)
     for spec in specs:
         _check_backend(exp.train.attention, spec, exp.model, target, training=True)
     _check_training_memory(specs, exp.model, exp.train, exp.preset, target)
@@ -155,7 +164,11 @@ def train_command(
     preset: Preset = None,
     config: ConfigFile = None,
     dataset: Annotated[str | None, typer.Option(help="A .txt file or folder of .txt files, .jsonl/.parquet with a "
-                                                "text column, or a hub name name[:config]. Default: the embedded corpus.")] = None,
+                                                "text column, a datasets save_to_disk folder, or a hub name "
+                                                "name[:config]. Default: the embedded corpus.")] = None,
+    tokenizer: TokenizerName = None,
+    stream: Stream = None,
+    max_train_tokens: MaxTrainTokens = None,
     run_dir: RunDir = results.DEFAULT_RUN_DIR,
     seeds: Annotated[list[int] | None, typer.Option(help="Seeds (initialisation and data order); each variant is "
                                                     "trained once per seed. Default: 0.")] = None,
@@ -175,12 +188,13 @@ def train_command(
 ) -> None:
     """Train one small causal LM per variant, with the same seed, data order and batches.
 
-    Example: relbench train --variants xl t5 alibi --preset quick
+    Example: relbench train --variants xl t5 alibi --preset quick --tokenizer bpe:4096
              relbench train --config experiment.toml --steps 800      (options override the file)
              relbench train --preset paper --variants alibi --dry-run
     """
     exp, specs, seeds = _experiment(
-        preset, config, variants, seeds, data={"dataset": dataset}, model={"train_length": train_length},
+        preset, config, variants, seeds, model={"train_length": train_length},
+        data={"dataset": dataset, "tokenizer": tokenizer, "stream": stream, "max_train_tokens": max_train_tokens},
         train={"steps": steps, "batch_size": batch_size, "lr": lr, "attention": attention, "precision": precision,
                **position_lr_overrides(position_lr_scale)})
     if dry_run:
@@ -196,6 +210,9 @@ def tune_lr_command(
     preset: Preset = None,
     config: ConfigFile = None,
     dataset: Annotated[str | None, typer.Option(help="As for `relbench train` (default: the embedded corpus).")] = None,
+    tokenizer: TokenizerName = None,
+    stream: Stream = None,
+    max_train_tokens: MaxTrainTokens = None,
     run_dir: Annotated[Path, typer.Option("--run-dir", help="Run directory of the sweep.")] = Path("runs") / "lr-sweep",
     seeds: Annotated[list[int] | None, typer.Option(help="Seeds per multiplier (default: 0).")] = None,
     steps: Annotated[int | None, typer.Option(help="Optimiser steps (overrides the preset).")] = None,
@@ -213,7 +230,9 @@ def tune_lr_command(
     from relbench import tune
 
     # every grid spec sets its own multiplier; the preset's table plays no part
-    exp = experiment(preset, config, {"data": {"dataset": dataset}, "train": {"steps": steps, "position_lr_scales": {}}})
+    exp = experiment(preset, config, {"data": {"dataset": dataset, "tokenizer": tokenizer, "stream": stream,
+                                               "max_train_tokens": max_train_tokens},
+                                      "train": {"steps": steps, "position_lr_scales": {}}})
     shape = dict(n_heads=exp.model.n_heads, head_dim=exp.model.head_dim, d_model=exp.model.d_model,
                  train_length=exp.model.train_length)
     specs = all_variants(variants or exp.variants or tune.learned_variants(shape))
@@ -239,7 +258,7 @@ def _extrapolate(run_dir: Path, lengths: list[int] | None, variants: list[str] |
                  modes: list[str] | None = None, stride: int | None = None, force: bool = False,
                  tasks: list[str] | None = None, trials: int | None = None,
                  eval_overrides: dict[str, Any] | None = None) -> None:
-    from relbench.data import load_splits
+    from relbench.data import load_run_splits
     from relbench.evaluate import MODES, longest_length, scored_text, validate_lengths
     from relbench.extrapolate import Job, extrapolate_run
     from relbench.tasks import TASKS
@@ -270,13 +289,15 @@ def _extrapolate(run_dir: Path, lengths: list[int] | None, variants: list[str] |
     model_config = ModelConfig(**config["model"])
     for spec in dict.fromkeys(s for s, _ in trained):
         _check_backend(attention, spec, model_config, target, training=False)
-    splits = load_splits(None if config["dataset"] == "sotu" else config["dataset"])
+    splits = load_run_splits(config, console)
+    for spec, seed in trained:
+        checkpoints.check_tokenizer(results.checkpoint_dir(run_dir, spec, seed), splits.tokenizer)
     lengths = validate_lengths(list(lengths or eval_config.lengths or [m * train_length for m in eval_config.length_multiples]),
                                longest_length(splits.test.size))
     stride = stride if stride is not None else max(1, train_length // 2)
     if stride < 1:
         raise UsageError(f"--stride must be positive, got {stride}")
-    text = scored_text(splits.test, lengths, eval_config.eval_tokens)
+    text = scored_text(splits.test, lengths, eval_config.eval_tokens, splits.tokenizer.token_bytes)
     console.print(f"evaluating {len(trained)} checkpoint(s) at lengths {', '.join(map(str, lengths))}: "
                   f"{', '.join(tasks)}; perplexity {' and '.join(modes)}{f' (stride {stride})' if 'sliding' in modes else ''} "
                   f"on {text.n_tokens:,} test tokens in {len(text.offsets)} segments spread over the test split "
@@ -376,6 +397,8 @@ def bench_command(
     position_lr_scale: PositionLR = None,
     device: Device = "auto",
     log: Log = "none",
+    tokenizer: TokenizerName = None,
+    max_train_tokens: MaxTrainTokens = None,
 ) -> None:
     """Train, extrapolate and report in one go (default: the quick preset on the embedded corpus).
 
@@ -383,7 +406,8 @@ def bench_command(
     prints how long the training should take on this machine; the README quotes measured times per CPU)
              relbench bench --config examples/three-schemes.toml
     """
-    exp, specs, seeds = _experiment(preset, config, variants, train=position_lr_overrides(position_lr_scale))
+    exp, specs, seeds = _experiment(preset, config, variants, train=position_lr_overrides(position_lr_scale),
+                                    data={"tokenizer": tokenizer, "max_train_tokens": max_train_tokens})
     with results.RunLock(run_dir):
         _train(run_dir, exp, specs, seeds, device, False, log)
         _extrapolate(run_dir, lengths, specs, "auto", None, device, seeds,

@@ -50,6 +50,16 @@ PositionLR = Annotated[str | None, typer.Option(help="Learning-rate multiplier o
                                                 "sweep (per variant). Default: the preset's tuned multipliers; a "
                                                 "variant's own option wins (xl:position_lr_scale=10).")]
 
+TokenizerName = Annotated[str | None, typer.Option("--tokenizer", help="bytes (raw UTF-8, vocabulary 256), bpe:N (a "
+                                                   "byte-level BPE of N tokens trained on the train split, cached; "
+                                                   "e.g. bpe:4096), or a byte-level hub tokenizer such as gpt2. The "
+                                                   "model's vocabulary follows it. Default: the preset's (bytes).")]
+Stream = Annotated[bool | None, typer.Option("--stream/--no-stream", help="Read --dataset (a hub name or a local "
+                                             "data file) in order with datasets' streaming and stop once the train "
+                                             "split holds --max-train-tokens.")]
+MaxTrainTokens = Annotated[int | None, typer.Option(help="Train on the first N tokens of the train split (validation "
+                                                         "and test stay whole; with --stream: read until it holds N).")]
+
 
 def _check_backend(backend: str, spec: str, model: ModelConfig, device: torch.device, training: bool) -> None:
     positions.build_spec(spec, n_heads=model.n_heads, head_dim=model.head_dim, d_model=model.d_model,

@@ -132,7 +132,7 @@ def inspect_command(
 
     Example: relbench inspect runs/default --variants xl t5
     """
-    from relbench.data import load_splits
+    from relbench.data import load_run_splits
     from relbench.evaluate import validate_lengths
     from relbench.inspect import INSPECT_CSV, inspect_run, tables
 
@@ -147,7 +147,7 @@ def inspect_command(
             raise RelbenchError(f"variant {spec} seed {seed} has no finished checkpoint in {run}; "
                                 f"run `relbench train --run-dir {run} --variants {spec} --seeds {seed}`")
     train_length = int(config["model"]["train_length"])
-    splits = load_splits(None if config["dataset"] == "sotu" else config["dataset"])
+    splits = load_run_splits(config, console)
     lengths = validate_lengths(list(lengths) if lengths else [train_length, 16 * train_length], splits.test.size)
     with results.RunLock(run):
         frame = inspect_run(Path(run), specs, seed, lengths, torch.from_numpy(splits.test), resolve_device(device))

@@ -164,6 +164,14 @@ class Experiment:
     description: str = ""
 
 
+def run_data(run_config: dict[str, Any]) -> DataConfig:
+    """The data a run was trained on, from its config.json: its [data] table, or for a run from
+    before that table its top-level dataset and tokenizer (bytes, no stream, no budget)."""
+    if "data" in run_config:
+        return DataConfig(**run_config["data"])
+    return DataConfig(dataset=run_config.get("dataset") or "sotu", tokenizer=run_config.get("tokenizer") or "bytes")
+
+
 def preset_names() -> list[str]:
     """The presets shipped in the package (relbench/presets/*.toml)."""
     from importlib import resources

@@ -14,6 +14,11 @@ the context each prediction sees:
   predictions, so every scored prediction sees at least L - S tokens of context (the segment's
   context reaches back far enough for the first window too).
 
+Bits per byte: the total loss in bits over the scored predictions divided by the UTF-8 bytes of the
+scored targets (each target token's byte length, tokenizer.token_bytes): per-token perplexity
+depends on how much text a token holds, bits per byte does not, so it is the figure that compares
+tokenizers. For byte tokens it is loss / ln 2.
+
 Uncertainty from the text: a bootstrap over the scored windows (1,000 resamples, fixed seed) gives
 a 95% interval of the perplexity (`ppl_low`, `ppl_high`), so a single seed shows how much the
 figure depends on which text was scored. Loss by position: the summed loss in log-spaced bins of
@@ -31,6 +36,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from relbench.data.tokenizer import ByteTokenizer
 from relbench.errors import UsageError
 from relbench.model import GPT
 
@@ -46,16 +52,19 @@ class ScoredText:
     offsets: list[int]       # first context token of each segment
     segment: int             # scored predictions per segment (M)
     context: int             # unscored tokens before each segment's scored part
+    token_bytes: torch.Tensor  # (V,) int64: UTF-8 bytes of each token id (tokenizer.token_bytes)
 
     @property
     def n_tokens(self) -> int:
         return len(self.offsets) * self.segment
 
 
-def scored_text(test: np.ndarray, lengths: list[int], eval_tokens: int) -> ScoredText:
+def scored_text(test: np.ndarray, lengths: list[int], eval_tokens: int,
+                token_bytes: np.ndarray = ByteTokenizer.token_bytes) -> ScoredText:
     """n = eval_tokens // M segments (at least one, at most what the test split holds without
     overlap) of M = max(lengths) scored predictions, each after M context tokens, spread evenly
-    from the start to the end of the test split."""
+    from the start to the end of the test split. `token_bytes`: the tokenizer's bytes per token id
+    (default: byte tokens)."""
     longest = max(lengths)
     span = 2 * longest + 1
     if test.size < span:
@@ -63,7 +72,8 @@ def scored_text(test: np.ndarray, lengths: list[int], eval_tokens: int) -> Score
                          f"scored); the test split has {test.size:,}: use lengths up to {(test.size - 1) // 2:,}")
     count = max(1, min(eval_tokens // longest, test.size // span))
     offsets = np.linspace(0, test.size - span, count).round().astype(int).tolist() if count > 1 else [0]
-    return ScoredText(torch.from_numpy(test.astype(np.int64)), offsets, longest, longest)
+    return ScoredText(torch.from_numpy(test.astype(np.int64)), offsets, longest, longest,
+                      torch.tensor(np.asarray(token_bytes), dtype=torch.int64))
 
 
 def validate_lengths(lengths: list[int], available: int) -> list[int]:
@@ -132,6 +142,8 @@ class Perplexity:
     n_tokens: int
     n_windows: int
     seconds: float
+    n_bytes: int             # UTF-8 bytes of the scored targets
+    bits_per_byte: float     # total loss in bits / n_bytes
     position_sum: np.ndarray    # (L,) summed loss of the predictions at each position in the window
     position_count: np.ndarray  # (L,) how many predictions were scored there
 
@@ -156,6 +168,7 @@ def perplexity(model: GPT, text: ScoredText, length: int, max_batch_tokens: int,
     position_sum = np.zeros(length)
     position_count = np.zeros(length, dtype=np.int64)
     window_loss = np.zeros(len(plan))
+    window_bytes = np.zeros(len(plan), dtype=np.int64)   # UTF-8 bytes of each window's scored targets
     window_count = np.array([w.size - w.score_from for w in plan], dtype=np.float64)
     start_time = time.perf_counter()
     groups: dict[tuple[int, int], list[int]] = {}
@@ -164,18 +177,24 @@ def perplexity(model: GPT, text: ScoredText, length: int, max_batch_tokens: int,
     for (size, score_from), members in groups.items():
         for b in range(0, len(members), per_batch):
             batch = members[b: b + per_batch]
-            idx = torch.stack([text.tokens[plan[i].start: plan[i].start + size + 1] for i in batch]).to(device)  # (B, size+1)
+            rows = torch.stack([text.tokens[plan[i].start: plan[i].start + size + 1] for i in batch])   # (B, size+1)
+            idx = rows.to(device)
             logits = model(idx[:, :-1])[:, score_from:]                                        # (B, scored, V)
             nll = F.cross_entropy(logits.float().flatten(0, 1), idx[:, score_from + 1:].flatten(),
                                   reduction="none").view(len(batch), -1).double().cpu().numpy()  # (B, scored)
             position_sum[score_from:size] += nll.sum(0)
             position_count[score_from:size] += len(batch)
             window_loss[batch] = nll.sum(1)
+            window_bytes[batch] = text.token_bytes[rows[:, score_from + 1:]].sum(1).numpy()
     seconds = time.perf_counter() - start_time
     assert int(position_count.sum()) == text.n_tokens, "every prediction is scored exactly once"
     loss = float(window_loss.sum() / text.n_tokens)
     low, high = bootstrap_interval(window_loss, window_count)
-    return Perplexity(loss, math.exp(loss), low, high, text.n_tokens, len(plan), seconds, position_sum, position_count)
+    n_bytes = int(window_bytes.sum())
+    # loss x tokens is the total loss; written as a ratio of counts so that byte tokens give loss / ln 2 exactly
+    bits_per_byte = loss * (text.n_tokens / n_bytes) / math.log(2)
+    return Perplexity(loss, math.exp(loss), low, high, text.n_tokens, len(plan), seconds, n_bytes, bits_per_byte,
+                      position_sum, position_count)
 
 
 def position_bins(length: int) -> list[tuple[int, int]]:

@@ -1,6 +1,7 @@
 """The `extrapolate` command's work: every trained variant x seed, at every length, for each task.
 
-    perplexity  -> extrapolation.csv (one row per variant x seed x length x protocol), positions.csv and
+    perplexity  -> extrapolation.csv (one row per variant x seed x length x protocol: perplexity and bits
+                   per byte, see relbench/evaluate.py), positions.csv and
                    attention.csv (how far the model looks at its training length, hard windows)
     copy        -> copy.csv     (one row per variant x seed x copy distance)
     passkey     -> passkey.csv  (one row per variant x seed x length x depth)
@@ -106,7 +107,8 @@ def perplexity_row(model: GPT, base: dict[str, Any], text: ScoredText, length: i
            "n_tokens": text.n_tokens, "n_windows": len(windows(text, length, mode, stride)), "attention": backend,
            "path": "",
            "status": "ok", "loss": float("nan"), "ppl": float("nan"), "ppl_low": float("nan"),
-           "ppl_high": float("nan"), "eval_s": float("nan"), "tokens_per_s": float("nan"),
+           "ppl_high": float("nan"), "n_bytes": float("nan"), "bits_per_byte": float("nan"), "eval_s": float("nan"),
+           "tokens_per_s": float("nan"),
            **{k: float("nan") for k in COST}, "message": ""}
     unfit = _unfit(model, length, max(1, max_batch_tokens // length), backend, device)
     if unfit is None:
@@ -119,7 +121,8 @@ def perplexity_row(model: GPT, base: dict[str, Any], text: ScoredText, length: i
         return row, None
     result = unfit
     row.update(loss=result.loss, ppl=result.ppl, ppl_low=result.ppl_low, ppl_high=result.ppl_high,
-               eval_s=result.seconds, tokens_per_s=result.n_tokens / result.seconds)
+               n_bytes=result.n_bytes, bits_per_byte=result.bits_per_byte, eval_s=result.seconds,
+               tokens_per_s=result.n_tokens / result.seconds)
     return row, result
 
 
@@ -307,8 +310,9 @@ def perplexity_updates(unit: Unit, model: GPT, base: dict[str, Any], job: Job, t
             key = {k: row[k] for k in ROW_KEY}
             updates.append((POSITIONS_CSV, key, position_rows(result, key)))
         updates.append(tables.row(results.EXTRAPOLATION_CSV, row))
-        shown = f"ppl {row['ppl']:.3f}" if row["status"] == "ok" else row["status"]
-        lines.append(f"{unit.spec:<12} seed {unit.seed} L={unit.length:<6} {mode:<10} {shown:<14} "
+        shown = (f"ppl {row['ppl']:.3f}, {row['bits_per_byte']:.4f} bits/byte" if row["status"] == "ok"
+                 else row["status"])
+        lines.append(f"{unit.spec:<12} seed {unit.seed} L={unit.length:<6} {mode:<10} {shown:<32} "
                      + (f"{row['eval_s']:.1f}s" if row["status"] == "ok" else row["message"]))
     return updates, lines
 

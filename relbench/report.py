@@ -4,6 +4,8 @@ Every view is rendered from the same tidy rows of extrapolation.csv (and train.c
 profile.csv), so the terminal, the Markdown, the CSV and the plots never disagree. With several
 seeds a cell shows the mean, the 95% interval half-width (Student's t) and the ratio to the
 training length; "~" marks a variant the seeds cannot tell from the best one at that length.
+Beside each perplexity table, bits per byte: the figure that compares runs with different
+tokenizers (perplexity is per token, and a BPE token holds several bytes).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from relbench import checkpoints, results
+from relbench.config import run_data
 from relbench.errors import RelbenchError
 from relbench.stats import summarize, unresolved
 
@@ -82,13 +85,15 @@ def aggregate(rows: pd.DataFrame, config: dict[str, Any]) -> pd.DataFrame:
                 statuses = sorted(set(mine["status"]))
                 tie = None if variant == best or p.n == 0 else unresolved(ppl, best_by_seed)
                 ok_mine = mine[mine["status"] == "ok"]
+                bits = summarize([float(v) for v in ok_mine.get("bits_per_byte", pd.Series(dtype=float)).dropna()])
                 text_low, text_high = (float(ok_mine[c].mean()) if c in ok_mine and len(ok_mine) else math.nan
                                        for c in ("ppl_low", "ppl_high"))
                 out.append({"variant": variant, "mode": mode, "protocol": protocol, "length": int(length), "n_seeds": p.n,
                             "status": "ok" if statuses == ["ok"] else "/".join(statuses),
                             "ppl_mean": p.mean, "ppl_std": p.std, "ppl_ci95": p.half_width,
                             "ppl_low": text_low, "ppl_high": text_high,
-                            "ratio_mean": r.mean, "ratio_ci95": r.half_width, "best": variant == best,
+                            "ratio_mean": r.mean, "ratio_ci95": r.half_width, "bpb_mean": bits.mean,
+                            "bpb_ci95": bits.half_width, "bpb_n": bits.n, "best": variant == best,
                             "unresolved_vs_best": tie})
     return pd.DataFrame(out)
 
@@ -102,7 +107,7 @@ def pivot(summary: pd.DataFrame) -> pd.DataFrame:
         for r in mine.itertuples():
             record.update({f"ppl@{r.length}": r.ppl_mean, f"std@{r.length}": r.ppl_std,
                            f"ci95@{r.length}": r.ppl_ci95, f"ratio@{r.length}": r.ratio_mean,
-                           f"status@{r.length}": r.status})
+                           f"bpb@{r.length}": r.bpb_mean, f"status@{r.length}": r.status})
         out.append(record)
     return pd.DataFrame(out)
 
@@ -131,6 +136,21 @@ def perplexity_table(summary: pd.DataFrame, protocol: str) -> tuple[list[str], l
         cells = {r.length: _cell(r) for r in rows.itertuples()}
         body.append([variant] + [cells.get(n, "-") for n in lengths])
     return header, body
+
+
+def bits_table(summary: pd.DataFrame, protocol: str) -> tuple[list[str], list[list[str]]] | None:
+    """Bits per byte per variant and length (mean over seeds ± 95% half-width); None when the rows
+    predate the bits_per_byte column."""
+    mine = summary[summary["protocol"] == protocol]
+    if not (mine["bpb_n"] > 0).any():
+        return None
+    lengths = sorted(mine["length"].unique())
+    body = []
+    for variant, rows in mine.groupby("variant", sort=False):
+        cells = {r.length: f"{r.bpb_mean:.4f}" + (f" ±{r.bpb_ci95:.4f}" if r.bpb_n > 1 else "") if r.bpb_n
+                 else "-" if r.status == "ok" else r.status for r in rows.itertuples()}
+        body.append([variant] + [cells.get(n, "-") for n in lengths])
+    return ["variant"] + [f"L={n}" for n in lengths], body
 
 
 def _path_note(rows: pd.DataFrame, requested: str | None = None) -> str:
@@ -265,6 +285,9 @@ def render(run_dir: Path, console: Console, plots: bool = True) -> dict[str, Pat
         ref = reference_length(rows, config)
         for protocol in summary["protocol"].unique():
             sections.append((f"Perplexity, {protocol} (ratio to L={ref})", *perplexity_table(summary, protocol)))
+            bits = bits_table(summary, protocol)
+            if bits is not None:
+                sections.append((f"Bits per byte, {protocol}", *bits))
     for name, title in tasks:
         render_table = overview.copy_table if name == "copy.csv" else overview.passkey_table
         sections.append((title, *render_table(results.read_csv(run_dir / name))))
@@ -304,6 +327,10 @@ def markdown(config: dict[str, Any], rows: pd.DataFrame | None, summary: pd.Data
         else:
             lines += ["", "Cells: perplexity [95% bootstrap interval over the scored windows] (x ratio to the "
                           "training length)."]
+        lines += ["", f"Perplexity is per token of the run's tokenizer ({config.get('tokenizer', 'bytes')}). Bits per "
+                      "byte (the total loss in bits over the scored predictions / the UTF-8 bytes of their targets) "
+                      "is the figure that compares tokenizers: a BPE token holds several bytes, so its perplexity "
+                      "is higher for the same model quality; for byte tokens bits per byte is the loss / ln 2."]
     for title, header, body in sections:
         lines += ["", f"## {title}", "", markdown_table(header, body)]
     if figures:
@@ -324,7 +351,8 @@ def describe_run(config: dict[str, Any]) -> list[str]:
         f"Preset `{config.get('preset')}`: d_model {model['d_model']}, {model['n_layers']} layers, "
         f"{model['n_heads']} heads, trained at length {model['train_length']} for {train['steps']} steps "
         f"of {train['batch_size']} sequences ({train.get('precision', 'fp32')}), seeds {', '.join(map(str, seeds))}, "
-        f"on {config.get('dataset_description', config.get('dataset'))}.",
+        f"on {config.get('dataset_description', run_data(config).dataset)}, tokenizer {run_data(config).tokenizer} "
+        f"(vocabulary {model.get('vocab_size', 256):,}).",
         "Each perplexity table names its protocol: the mode, and the scored tokens (the same at every length) "
         "in segments spread over the whole test split.",
         f"Machine: {env.get('platform', '?')}, {env.get('cpu_threads', '?')} threads, device {env.get('device', '?')}; "

@@ -26,8 +26,9 @@ import platform
 import re
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import filelock
 import pandas as pd
@@ -44,12 +45,18 @@ EXTRAPOLATION_CSV = "extrapolation.csv"
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
+    atomic_write(path, lambda handle: handle.write(data))
+
+
+def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Call write(handle) on a temporary file beside `path`, then rename it over `path` (see the
+    module doc); for what is too large to hold as bytes first, such as np.save of a token array."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+            write(handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)

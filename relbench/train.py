@@ -367,7 +367,8 @@ def train_run(run_dir: Path, specs: list[str], seeds: list[int], run_config: dic
                     continue
                 model.config.attention = "auto"  # the backend is a runtime choice, not part of the model
                 meta = {"variant": spec, "seed": seed, "finished": True, "status": "finished", "summary": summary,
-                        "model": to_dict(model.config), "dataset": run_config["dataset"],
+                        "model": to_dict(model.config), "data": run_config["data"],
+                        "tokenizer": splits.tokenizer.name, "tokenizer_fingerprint": splits.tokenizer.fingerprint,
                         "train": to_dict(dataclasses.replace(train_config, position_lr_scale=summary["position_lr_scale"]))}
                 if distributed.is_main():
                     _append_train_rows(Path(run_dir) / results.TRAIN_CSV, spec, seed, rows)

@@ -84,7 +84,7 @@ def choice(frame: pd.DataFrame, run_config: dict[str, Any]) -> dict[str, Any]:
             "criterion": "lowest mean validation loss at the training length",
             "preset": run_config.get("preset"), "model": run_config.get("model"),
             "train": {k: v for k, v in run_config.get("train", {}).items() if k not in ("position_lr_scale", "position_lr_scales")},
-            "dataset": run_config.get("dataset")}
+            "data": run_config.get("data") or {"dataset": run_config.get("dataset")}}
 
 
 def write(run_dir: Path, frame: pd.DataFrame, run_config: dict[str, Any]) -> dict[str, Any]:

@@ -7,6 +7,7 @@ notice ("survived") is a gap in the tests.
     python tests/mutation_check.py --list       # the mutations
     python tests/mutation_check.py -k offset    # the mutations whose name contains "offset"
     python tests/mutation_check.py -k torchrun  # distributed training and evaluation (2 gloo processes each)
+    python tests/mutation_check.py -k tokens    # tokenizers and bits per byte;  -k config: experiment files
 
 Not collected by pytest (its name does not start with test_); it takes a few minutes.
 """
@@ -30,6 +31,7 @@ CORE_TESTS = ["tests/test_attention.py", "tests/test_positions.py", "tests/test_
 # exactly once in its file; without tests of its own a mutation is checked by the core tests
 DDP = "tests/test_distributed.py::"
 DDP_TRAIN = [DDP + "test_two_processes_train_the_weights_of_one"]
+TOK, CONFIG = "tests/test_tokenizers.py::", "tests/test_config.py::"
 MUTATIONS = [
     ("bias sign flipped on the reference path", "relbench/attention.py",
      "scores = scores + plan.full().to(scores.dtype)", "scores = scores - plan.full().to(scores.dtype)"),
@@ -107,6 +109,39 @@ MUTATIONS = [
     ("torchrun: rank 0 merges only its own extrapolation rows", "relbench/extrapolate.py",
      "for rank_updates, rank_lines, _ in gathered:", "for rank_updates, rank_lines, _ in gathered[:1]:",
      [DDP + "test_extrapolate_under_two_processes_writes_the_rows_of_one"]),
+    ("tokens: a BPE token counted as one byte", "relbench/data/tokenizer.py",
+     "self.token_bytes = np.array([len(p) for p in self.pieces], dtype=np.int64)",
+     "self.token_bytes = np.ones(len(self.pieces), dtype=np.int64)", [TOK + "test_bits_per_byte_of_bpe_matches_a_hand_computation"]),
+    ("tokens: bits per byte as the loss / ln 2 for every tokenizer", "relbench/evaluate.py",
+     "bits_per_byte = loss * (text.n_tokens / n_bytes) / math.log(2)", "bits_per_byte = loss / math.log(2)",
+     [TOK + "test_bits_per_byte_of_bpe_matches_a_hand_computation"]),
+    ("tokens: bytes of the window's inputs, not its targets", "relbench/evaluate.py",
+     "text.token_bytes[rows[:, score_from + 1:]]", "text.token_bytes[rows[:, score_from:-1]]",
+     [TOK + "test_bits_per_byte_of_bpe_matches_a_hand_computation"]),
+    ("tokens: BPE learned from every document, test text included", "relbench/data/__init__.py",
+     '        if split_of(index) == "train":\n            yield text', '        if True:\n            yield text',
+     [TOK + "test_bpe_is_trained_on_the_train_split_only"]),
+    ("tokens: --max-train-tokens not applied", "relbench/data/__init__.py",
+     '        arrays["train"] = arrays["train"][:max_train_tokens]', "        pass",
+     [TOK + "test_max_train_tokens_without_a_stream_cuts_the_train_split_only"]),
+    ("tokens: the model's vocabulary not the tokenizer's", "relbench/cli.py",
+     "    exp.model.vocab_size = splits.tokenizer.vocab_size", "    pass",
+     [TOK + "test_tiny_bpe_run_trains_extrapolates_and_reports"]),
+    ("tokens: a checkpoint's tokenizer not checked", "relbench/cli.py",
+     "        checkpoints.check_tokenizer(results.checkpoint_dir(run_dir, spec, seed), splits.tokenizer)", "        pass",
+     [TOK + "test_tiny_bpe_run_trains_extrapolates_and_reports"]),
+    ("tokens: extrapolate reads a run's data as bytes", "relbench/data/__init__.py",
+     'else data.dataset, data.tokenizer, stream=data.stream,', 'else data.dataset, "bytes", stream=data.stream,',
+     [TOK + "test_tiny_bpe_run_trains_extrapolates_and_reports"]),
+    ("config: a run's data left out of the same-run check", "relbench/cli.py",
+     '+ [key for key, value in new["data"].items() if old_data.get(key) != value])', "+ [])",
+     [TOK + "test_tiny_bpe_run_trains_extrapolates_and_reports"]),
+    ("config: config.toml without its [train] table", "relbench/cli.py",
+     'for k in ("variants", "seeds", "data", "model", "train", "eval")}', 'for k in ("variants", "seeds", "data", "model", "eval")}',
+     [CONFIG + "test_config_toml_reproduces_the_run"]),
+    ("config: the file's values under the options, not over them", "relbench/config.py",
+     "cls(**{**tables.get(section, {}), **given})", "cls(**{**given, **tables.get(section, {})})",
+     [CONFIG + "test_file_over_preset_and_options_over_file"]),
 ]
 
 

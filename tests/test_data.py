@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from relbench.data import corpus, load_splits, split_documents
+from relbench.data import cache_dir, corpus, load_splits, split_documents
 from relbench.data.tokenizer import ByteTokenizer, RECORD_SEPARATOR
 from relbench.errors import RelbenchError
 
@@ -44,9 +44,10 @@ def test_cache_is_used_and_keyed_by_source(tmp_path):
     path = tmp_path / "a.txt"
     path.write_text("hello world " * 100)
     first = load_splits(str(path))
-    cached = list((tmp_path.parent).glob("**/tokens/*.npz"))
+    cached = list(cache_dir().glob("tokens/*/meta.json"))
     assert cached
     again = load_splits(str(path))
+    assert isinstance(again.train, np.memmap)   # read from the cache, memory-mapped
     np.testing.assert_array_equal(first.train, again.train)
     path.write_text("other text " * 100)  # a changed file gets a new key
     assert bytes(load_splits(str(path)).train).startswith(b"other text")

@@ -1,8 +1,9 @@
-"""Where documents come from: the embedded corpus, local files, or a Hugging Face hub dataset.
+"""Where documents come from: the embedded corpus, local files, a folder written by `datasets`'
+save_to_disk, or a Hugging Face hub dataset; read whole, or streamed in order (`stream=True`).
 
 Each loader returns a `Source`: a fingerprint that changes when the source changes (cheap to
 compute, so tokenized data can be looked up in the cache first), a description, and a function
-that reads the documents.
+that reads the documents in order (a list, or a generator for sources too large to hold).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import lzma
 import os
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -30,22 +31,31 @@ LOCAL_SUFFIXES = (".txt", ".jsonl", ".parquet")
 class Source:
     fingerprint: str
     description: str
-    read: Callable[[], list[str]]  # the documents, in source order
+    read: Callable[[], Iterable[str]]  # the documents, in source order (each call reads from the start)
+    size: int | None = None            # bytes on disk, when known cheaply (for progress)
 
 
-def open_source(dataset: str | None) -> Source:
+def open_source(dataset: str | None, stream: bool = False) -> Source:
     """The document source named by `dataset`: None or "sotu" (the embedded State of
     the Union corpus), a .txt file, a folder of .txt files, a .jsonl or .parquet file with a
-    `text` column, or a hub name "name[:config]"."""
+    `text` column, a folder written by `datasets`' save_to_disk, or a hub name "name[:config]".
+    With `stream`, a hub dataset or local data file is read with `datasets`' streaming, in order,
+    for as long as the reader asks (never downloaded or loaded whole)."""
     if dataset in (None, "", EMBEDDED):
+        if stream:
+            raise UsageError("--stream reads a hub dataset or a local data file in order; name one with --dataset "
+                             "(the embedded corpus is read whole)")
         return _embedded()
     path = Path(dataset).expanduser()
     if path.exists():
-        return _local(path)
+        if is_saved(path):
+            return _saved(path)   # memory-mapped and read lazily: streamed or not, it is never loaded whole
+        return _local_stream(path) if stream else _local(path)
     if path.suffix in LOCAL_SUFFIXES or dataset.startswith((".", "/", "~")) or os.sep + os.sep in dataset:
         raise UsageError(f"dataset file {dataset} does not exist; give a .txt, .jsonl or .parquet file, "
-                         f"a folder of .txt files, or a hub name such as wikitext:wikitext-2-raw-v1")
-    return _hub(dataset)
+                         f"a folder of .txt files or of datasets' save_to_disk, or a hub name such as "
+                         f"wikitext:wikitext-2-raw-v1")
+    return _hub_stream(dataset) if stream else _hub(dataset)
 
 
 def _embedded() -> Source:
@@ -78,20 +88,28 @@ def _stat_fingerprint(paths: list[Path]) -> str:
     return "local:" + digest.hexdigest()
 
 
-def _local(path: Path) -> Source:
+def _local_files(path: Path) -> list[Path]:
+    """The files a local dataset path names (a folder: its .txt files, in name order)."""
     if path.is_dir():
         files = sorted(p for p in path.rglob("*.txt") if p.is_file())
         if not files:
             raise UsageError(f"dataset folder {path} holds no .txt files")
+        return files
+    if path.suffix not in LOCAL_SUFFIXES:
+        raise UsageError(f"dataset {path} is not a .txt, .jsonl or .parquet file or a folder of .txt files")
+    return [path]
+
+
+def _local(path: Path) -> Source:
+    files = _local_files(path)
+    if path.is_dir():
         reader, what = (lambda: [_read_text(p) for p in files]), f"{len(files)} .txt files in {path}"
     elif path.suffix == ".txt":
-        files, reader, what = [path], (lambda: [_read_text(path)]), f"text file {path}"
+        reader, what = (lambda: [_read_text(path)]), f"text file {path}"
     elif path.suffix == ".jsonl":
-        files, reader, what = [path], (lambda: _jsonl_texts(path)), f"JSON lines {path}"
-    elif path.suffix == ".parquet":
-        files, reader, what = [path], (lambda: _parquet_texts(path)), f"parquet {path}"
+        reader, what = (lambda: _jsonl_texts(path)), f"JSON lines {path}"
     else:
-        raise UsageError(f"dataset {path} is not a .txt, .jsonl or .parquet file or a folder of .txt files")
+        reader, what = (lambda: _parquet_texts(path)), f"parquet {path}"
 
     def read() -> list[str]:
         documents = [d for d in reader() if d]
@@ -103,7 +121,83 @@ def _local(path: Path) -> Source:
         fingerprint = _stat_fingerprint(files)
     except OSError as error:
         raise RelbenchError(f"cannot read dataset {path}: {error.strerror}") from None
-    return Source(fingerprint, what, read)
+    return Source(fingerprint, what, read, sum(p.stat().st_size for p in files))
+
+
+# datasets' builder for each local file type; a .txt file is one document, as when read whole
+STREAM_BUILDERS = {".txt": ("text", {"sample_by": "document"}), ".jsonl": ("json", {}), ".parquet": ("parquet", {})}
+
+
+def _local_stream(path: Path) -> Source:
+    files = _local_files(path)
+    builder, options = STREAM_BUILDERS[files[0].suffix]
+
+    def read() -> Iterator[str]:
+        import datasets
+
+        data = datasets.load_dataset(builder, data_files=[str(p) for p in files], split="train", streaming=True,
+                                     **options)
+        yield from _streamed_texts(data, f"dataset {path}")
+
+    try:
+        fingerprint = "stream:" + _stat_fingerprint(files)
+    except OSError as error:
+        raise RelbenchError(f"cannot read dataset {path}: {error.strerror}") from None
+    return Source(fingerprint, f"{path} (streamed)", read, sum(p.stat().st_size for p in files))
+
+
+def _streamed_texts(rows: Iterable[dict], what: str) -> Iterator[str]:
+    """_texts of a stream, whose reader fails only as it reads (bad JSON, not UTF-8, lost network)."""
+    try:
+        yield from _texts(rows, what)
+    except RelbenchError:
+        raise
+    except Exception as error:  # datasets and its readers raise many types
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise RelbenchError(f"cannot read {what} as a stream: {reason}") from None
+
+
+def _texts(rows: Iterable[dict], what: str) -> Iterator[str]:
+    """The non-empty "text" strings of `rows`, in order; an error naming the columns when there is none."""
+    for row in rows:
+        if "text" not in row:
+            raise RelbenchError(f'{what} has no "text" column (columns: {", ".join(map(str, row))})')
+        if isinstance(row["text"], str) and row["text"]:
+            yield row["text"]
+
+
+def is_saved(path: Path) -> bool:
+    """Whether `path` is a folder written by `datasets`' save_to_disk (a Dataset or a DatasetDict)."""
+    return (path / "dataset_dict.json").is_file() or ((path / "state.json").is_file()
+                                                       and (path / "dataset_info.json").is_file())
+
+
+def _saved(path: Path) -> Source:
+    """A save_to_disk folder: a Dataset, or a DatasetDict's "train" split (relbench makes its own
+    validation and test splits from its documents, as for a hub dataset). Arrow files are memory-
+    mapped and read in batches, so the dataset is never loaded whole."""
+    import datasets
+
+    try:
+        data = datasets.load_from_disk(str(path))
+    except Exception as error:  # a damaged or foreign folder
+        raise RelbenchError(f"cannot load saved dataset {path}: {str(error).splitlines()[0]}") from None
+    what = f"saved dataset {path}"
+    if isinstance(data, datasets.DatasetDict):
+        if "train" not in data:
+            raise UsageError(f"{what} has no train split (splits: {', '.join(data)}); relbench reads the train split "
+                             f"and makes its own validation and test splits")
+        data, what = data["train"], f"saved dataset {path} (train split)"
+    if "text" not in data.column_names:
+        raise RelbenchError(f'{what} has no "text" column (columns: {", ".join(data.column_names)})')
+
+    def read() -> Iterator[str]:
+        for batch in data.iter(batch_size=1000):
+            yield from (t for t in batch["text"] if isinstance(t, str) and t)
+
+    files = sorted(p for p in path.rglob("*") if p.is_file())
+    return Source("saved:" + _stat_fingerprint(files), f"{what}, {data.num_rows:,} rows", read,
+                  sum(p.stat().st_size for p in files))
 
 
 def _jsonl_texts(path: Path) -> list[str]:
@@ -178,3 +272,23 @@ def _hub(dataset: str) -> Source:
         raise RelbenchError(f'hub dataset "{dataset}" holds no text')
     fingerprint = "hub:" + str(getattr(data, "_fingerprint", dataset))
     return Source(fingerprint, f"hub dataset {dataset} (train split, {len(documents)} documents)", lambda: documents)
+
+
+def _hub_stream(dataset: str) -> Source:
+    """A hub dataset's train split, streamed. It is identified by its name (its revision would need the
+    network), so a run's cached tokens open offline later; delete the cache to read a changed dataset."""
+    name, _, config = dataset.partition(":")
+
+    def read() -> Iterator[str]:
+        if not hub_reachable():
+            raise RelbenchError(f'cannot reach the Hugging Face hub to stream dataset "{dataset}"; connect to the '
+                                f"network, or pass a local file or save_to_disk folder with --dataset")
+        import datasets
+
+        try:
+            data = datasets.load_dataset(name, config or None, split="train", streaming=True)
+        except Exception as error:  # datasets raises many types (ConnectionError, FileNotFoundError, ValueError)
+            raise RelbenchError(f'cannot stream hub dataset "{dataset}": {str(error).splitlines()[0]}') from None
+        yield from _streamed_texts(data, f'hub dataset "{dataset}"')
+
+    return Source(f"stream:hub:{dataset}", f"hub dataset {dataset} (train split, streamed)", read)

@@ -11,6 +11,10 @@ split for the retrieval preset's training), so the model reads the kind of text 
 Greedy decoding of the digits is exact match of the teacher-forced argmax at the five answer
 positions (a wrong digit is where greedy decoding would first leave the key), so one forward pass
 scores a trial.
+
+Any tokenizer: the fixed phrases are encoded by the tokenizer, and the key one token per digit (a
+byte-level tokenizer has every single byte as a token), so whatever the key, a trial has the same
+layout and the answer is DIGITS tokens. With byte tokens this is exactly the text's bytes.
 """
 
 from __future__ import annotations
@@ -38,12 +42,30 @@ def encode(text: str, tokenizer) -> np.ndarray:
     return np.asarray(tokenizer.encode(text), dtype=np.int64)
 
 
+def digits(key: str, tokenizer) -> np.ndarray:
+    """(len(key),) tokens of `key`, one per digit."""
+    tokens = [encode(digit, tokenizer) for digit in key]
+    if any(t.size != 1 for t in tokens):
+        raise UsageError(f"tokenizer {tokenizer.name} does not encode each digit as one token, which the passkey "
+                         f"task needs; use bytes or a byte-level BPE")
+    return np.concatenate(tokens)
+
+
+def with_key(template: str, key: str, tokenizer) -> np.ndarray:
+    """`template` with `key` for each {key}: the text around it encoded, the key by digits()."""
+    pieces = template.split("{key}")
+    parts = [encode(pieces[0], tokenizer)]
+    for piece in pieces[1:]:
+        parts += [digits(key, tokenizer), encode(piece, tokenizer)]
+    return np.concatenate(parts)
+
+
 def sequence(stream: np.ndarray, trial: Trial, length: int, tokenizer) -> tuple[np.ndarray, slice]:
     """(length + 1,) tokens: inputs are the first `length`, targets the last `length`; and the slice
-    of target positions that hold the answer's digits."""
-    statement = encode(STATEMENT.format(key=trial.key), tokenizer)
+    of target positions that hold the answer's digits (the same for every key)."""
+    statement = with_key(STATEMENT, trial.key, tokenizer)
     question = encode(QUESTION, tokenizer)
-    answer = encode(trial.key, tokenizer)
+    answer = digits(trial.key, tokenizer)
     room = length + 1 - len(statement) - len(question) - len(answer)
     if room < 0:
         raise UsageError(f"passkey needs windows of at least {length - room} tokens, got {length}")
@@ -54,7 +76,9 @@ def sequence(stream: np.ndarray, trial: Trial, length: int, tokenizer) -> tuple[
 
 
 def min_length(tokenizer) -> int:
-    return sum(len(encode(t, tokenizer)) for t in (STATEMENT.format(key="0" * DIGITS), QUESTION, "0" * DIGITS))
+    """Tokens of a trial without filler (the same for every key)."""
+    key = "0" * DIGITS
+    return len(with_key(STATEMENT, key, tokenizer)) + len(encode(QUESTION, tokenizer)) + len(digits(key, tokenizer))
 
 
 def trials(stream_size: int, length: int, depths: list[float], per_depth: int, seed: int = 0) -> list[Trial]:
