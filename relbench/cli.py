@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import torch
 import typer
 
+from relbench import __version__ as relbench_version
 from relbench import checkpoints, distributed, memory, positions, report, results, tracking
 from relbench import cli_tools  # noqa: F401  (registers variants, profile and inspect)
 from relbench.attention import check, flush_denormals
@@ -19,7 +20,6 @@ from relbench.cli_common import (Attention, ConfigFile, Device, Lengths, Log, Ma
                                  Preset, RunDir, Stream, TokenizerName, TrainAttention, Variants, _check_backend,
                                  all_variants, app, console, position_lr_overrides, resolve_device, unique)
 from relbench.cli_group import spread_variadic  # noqa: F401  (part of the module's API)
-from relbench import __version__ as relbench_version
 from relbench.config import (EvalConfig, Experiment, ModelConfig, TrainConfig, experiment, read_file,
                              resolve_precision, run_data, to_dict, to_toml)
 from relbench.errors import RelbenchError, UsageError, unknown

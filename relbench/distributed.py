@@ -51,7 +51,7 @@ def is_main() -> bool:
 
 
 def local_rank() -> int:
-    return int(os.environ.get("LOCAL_RANK", 0)) if active() else 0
+    return int(os.environ.get("LOCAL_RANK", "0")) if active() else 0
 
 
 @contextlib.contextmanager
@@ -84,7 +84,7 @@ def local_device(device: torch.device) -> torch.device:
 def sharing(device: torch.device) -> int:
     """How many processes of this job share `device`'s memory: every process on this node share its
     RAM, each GPU belongs to one process."""
-    return int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if active() and device.type == "cpu" else 1
+    return int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if active() and device.type == "cpu" else 1
 
 
 def per_rank(batch_size: int) -> int:

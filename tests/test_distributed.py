@@ -142,7 +142,7 @@ def test_interrupted_run_resumes_to_the_weights_of_an_uninterrupted_one(ddp, tmp
 
 
 def test_a_batch_the_processes_cannot_share_is_refused_in_one_line(tmp_path):
-    code, out, err = finish(torchrun("train", "--preset", "tiny", "--variants", "xl", "--batch-size", 7,
+    code, _, err = finish(torchrun("train", "--preset", "tiny", "--variants", "xl", "--batch-size", 7,
                                      "--run-dir", tmp_path))
     lines = [line for line in err.splitlines() if line.startswith(("error:", "rank "))]
     assert code != 0 and len(lines) == 1, err      # said once, by rank 0 (torchrun adds its own report)
