@@ -6,7 +6,7 @@
 # path and unbiased SDPA, then training throughput. Uses the machine's own torch (no install);
 # writes logs and CSVs under ${OUT:-runs/cuda-check}. Each step has its own time limit (*_TIMEOUT) and
 # selection (TESTS_K, BENCH_VARIANTS, TRAIN_VARIANTS, CLI_VARIANTS) so a re-check fits what is left.
-# It reports; it does not stop at a failure: read test_cuda.log.
+# then torchrun with NCCL. It reports; it does not stop at a failure: read test_cuda.log.
 #     bash benchmarks/cuda_check.sh
 set -uo pipefail
 out=${OUT:-runs/cuda-check}
@@ -25,3 +25,8 @@ timeout ${CLI_TIMEOUT:-90} bash -c "python3 -m relbench train --preset tiny --de
     && python3 -m relbench extrapolate --run-dir /tmp/cuda-run --device cuda --lengths 64 512 \
     && python3 -m relbench report --run-dir /tmp/cuda-run" 2>&1 | tail -60 | tee "$out/cli.log"
 cp /tmp/cuda-run/extrapolation.csv "$out/" 2>/dev/null || true
+# torchrun on the GPU: NCCL and cuda:LOCAL_RANK with the GPUs there are (tests/test_distributed.py's
+# 2-GPU test runs only where two exist; one process still opens an NCCL group)
+timeout ${DDP_TIMEOUT:-90} bash -c "python3 -m torch.distributed.run --standalone --nproc_per_node \$(python3 -c 'import torch; print(min(2, torch.cuda.device_count()))') \
+    -m relbench train --preset tiny --device cuda --batch-size 8 --run-dir /tmp/cuda-ddp --variants alibi xl \
+    && python3 -m pytest -q -p no:cacheprovider tests/test_distributed.py -k cuda" 2>&1 | tail -30 | tee "$out/ddp.log"
