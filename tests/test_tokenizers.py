@@ -348,3 +348,19 @@ def test_tiny_bpe_run_trains_extrapolates_and_reports(tmp_path):
                    "trained with tokenizer bytes", "reads bpe:300")
     results.write_json(folder / checkpoints.META_FILE, {**meta, "tokenizer_fingerprint": "bpe:300@0123"})
     one_line_error(run("extrapolate", "--run-dir", run_dir, "--lengths", 32, "--force"), 1, "rebuilt differently")
+
+
+def test_a_hub_stream_offline_fails_fast_in_one_line(tmp_path, monkeypatch):
+    """The paper preset's data (a hub dataset streamed to a budget) on a machine without network:
+    one line, within seconds, before any training; nothing but the lock is left in the run directory."""
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.setenv(name, "0")                         # restored after the test
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf" / "datasets"))
+    monkeypatch.setattr(corpus, "hub_reachable", lambda timeout=3.0: False)
+    start = time.perf_counter()
+    result = run("train", "--preset", "tiny", "--variants", "alibi", "--dataset", "Skylion007/openwebtext", "--stream",
+                 "--max-train-tokens", 100000, "--run-dir", tmp_path / "run")
+    one_line_error(result, 1, "Skylion007/openwebtext", "cannot reach the Hugging Face hub")
+    assert time.perf_counter() - start < 30
+    assert not (tmp_path / "run" / "config.json").exists()
