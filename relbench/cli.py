@@ -12,7 +12,6 @@ from typing import Annotated, Any
 import torch
 import typer
 
-from relbench import __version__ as relbench_version
 from relbench import checkpoints, distributed, memory, positions, report, results, tracking
 from relbench import cli_tools  # noqa: F401  (registers variants, profile and inspect)
 from relbench.attention import check, flush_denormals
@@ -20,8 +19,7 @@ from relbench.cli_common import (Attention, ConfigFile, Device, Lengths, Log, Ma
                                  Preset, RunDir, Stream, TokenizerName, TrainAttention, Variants, _check_backend,
                                  all_variants, app, console, position_lr_overrides, resolve_device, unique)
 from relbench.cli_group import spread_variadic  # noqa: F401  (part of the module's API)
-from relbench.config import (EvalConfig, Experiment, ModelConfig, TrainConfig, experiment, read_file,
-                             resolve_precision, run_data, to_dict, to_toml)
+from relbench.config import EvalConfig, Experiment, ModelConfig, TrainConfig, experiment, read_file, resolve_precision
 from relbench.errors import RelbenchError, UsageError, unknown
 
 
@@ -49,36 +47,6 @@ def _experiment(preset: str | None, config: Path | None, variants: list[str] | N
     return exp, all_variants(variants or exp.variants), unique("seed", seeds or exp.seeds or [0])
 
 
-def _run_config(exp: Experiment, specs: list[str], seeds: list[int], splits) -> dict[str, Any]:
-    """What config.json records of a run (config.toml holds the same but what loading the data
-    found, see `_write_config`)."""
-    run_config = {"preset": exp.preset, "model": to_dict(exp.model), "train": to_dict(exp.train),
-                  "eval": to_dict(exp.eval), "data": to_dict(exp.data), "dataset_description": splits.description,
-                  "tokenizer_fingerprint": splits.tokenizer.fingerprint, "variants": specs, "seeds": seeds}
-    run_config["model"].pop("position")
-    run_config["model"].pop("attention")
-    run_config["train"].pop("seed")
-    return run_config
-
-
-def _write_config(run_dir: Path, run_config: dict[str, Any], description: str) -> None:
-    """RUN/config.json and RUN/config.toml, the same configuration: `relbench train --config
-    RUN/config.toml --run-dir NEW` trains the run again (the environment is only in the JSON)."""
-    results.write_json(Path(run_dir) / results.CONFIG, run_config)
-    tables = {"preset": run_config["preset"], **({"description": description} if description else {}),
-              **{k: run_config[k] for k in ("variants", "seeds", "data", "model", "train", "eval")}}
-    header = (f"# The resolved configuration of this run, written by relbench {relbench_version}. Reproduce it with\n"
-              f"#   relbench train --config {Path(run_dir) / results.CONFIG_TOML} --run-dir NEW_RUN_DIR\n")
-    results.atomic_write_text(Path(run_dir) / results.CONFIG_TOML, to_toml(tables, header))
-
-
-def _differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """The parts of a run's configuration that differ (a run directory holds one configuration)."""
-    old_data = to_dict(run_data(old))   # a config.json from before [data]: its defaults
-    return ([key for key in ("model", "train") if old.get(key) != new[key]]
-            + [key for key, value in new["data"].items() if old_data.get(key) != value])
-
-
 def _train(run_dir: Path, exp: Experiment, specs: list[str], seeds: list[int], device: str, force: bool,
            log: str = "none") -> dict[str, Any]:
     from relbench.data import load_data
@@ -94,8 +62,8 @@ def _train(run_dir: Path, exp: Experiment, specs: list[str], seeds: list[int], d
     splits = load_data(exp.data, console)
     exp.model.vocab_size = splits.tokenizer.vocab_size   # the model's vocabulary follows the tokenizer
     _check_training_memory(specs, model_config, train_config, exp.preset, target)
-    run_config = _run_config(exp, specs, seeds, splits)
-    run_config = distributed.on_main(_record_run, run_dir, run_config, specs, seeds, target, exp.description)
+    run_config = distributed.on_main(results.record_run, run_dir, results.run_config(exp, specs, seeds, splits), specs,
+                                     seeds, target, exp.description)
     console.print(f"training {len(specs)} variant(s) x {len(seeds)} seed(s) on {splits.description}: "
                   f"{splits.sizes()['train']:,} train tokens; run directory {run_dir}"
                   + (f"; {distributed.world()} processes" if distributed.world() > 1 else ""))
@@ -103,59 +71,16 @@ def _train(run_dir: Path, exp: Experiment, specs: list[str], seeds: list[int], d
     return run_config
 
 
-def _record_run(run_dir: Path, run_config: dict[str, Any], specs: list[str], seeds: list[int],
-                target: torch.device, description: str) -> dict[str, Any]:
-    """config.json and config.toml with this command's variants and seeds added, after checking that
-    the run directory holds no run of another configuration; returns what it wrote."""
-    config_path = Path(run_dir) / results.CONFIG
-    if config_path.is_file():
-        old = results.read_json(config_path)
-        differs = _differences(old, run_config)
-        if differs:
-            raise UsageError(f"{run_dir} holds a run with a different {' and '.join(differs)} configuration "
-                             f"(preset {old.get('preset')}); use another --run-dir, or delete {run_dir} to start over")
-        known = old.get("variants", [])
-        run_config["variants"] = known + [s for s in specs if s not in known]
-        run_config["seeds"] = sorted(set(old.get("seeds", [])) | set(seeds))
-    run_config["environment"] = results.environment(str(target))
-    _write_config(run_dir, run_config, description)
-    return run_config
-
-
 def _dry_run(exp: Experiment, specs: list[str], seeds: list[int], device: str) -> None:
     from relbench import dryrun
 
-    from relbench.data.tokenizer import planned_vocab_size
-
     target = resolve_device(device)
     exp.train.precision = resolve_precision(exp.train.precision, target)
-    try:
-        exp.model.vocab_size = planned_vocab_size(exp.data.tokenizer)
-    except RelbenchError as error:   # a hub tokenizer out of reach: the file's vocab_size stands in for it
-        if isinstance(error, UsageError):
-            raise
-        console.print(f"note: {error}; assuming the configured vocabulary of {exp.model.vocab_size:,}", markup=False)
+    dryrun.plan_vocabulary(exp, console)
     for spec in specs:
         _check_backend(exp.train.attention, spec, exp.model, target, training=True)
     _check_training_memory(specs, exp.model, exp.train, exp.preset, target)
-    m, t = exp.model, exp.train
-    tokens = t.steps * t.batch_size * m.train_length
-    console.print(f"dry run of preset {exp.preset}: {m.n_layers} layers, d {m.d_model}, {m.n_heads} heads, vocabulary "
-                  f"{m.vocab_size:,}, length {m.train_length}; {t.steps:,} steps x {t.batch_size} sequences = "
-                  f"{tokens:,} tokens per run, {len(specs)} variant(s) x {len(seeds)} seed(s), {t.precision} on "
-                  f"{target}; measuring {dryrun.DRY_STEPS} steps per variant after a warm-up step")
-    rows, total = [], 0.0
-    for spec in specs:
-        row = dryrun.measure(spec, exp, target)
-        projected = row["seconds_per_step"] * t.steps * len(seeds)
-        total += projected
-        rows.append([spec, f"{row['params']:,}", f"{row['position_params']:,}", memory.human(row["memory_bytes"]),
-                     f"{row['seconds_per_step']:.3f}", f"{tokens / t.steps / row['seconds_per_step']:,.0f}",
-                     dryrun.human_time(projected)])
-    console.print(report.rich_table("Dry run (nothing trained or written)", ["variant", "params", "position",
-                                    "memory", "s/step", "tok/s", "projected"], rows))
-    console.print(f"projected: {dryrun.human_time(total)} of training for {len(specs) * len(seeds)} run(s) on "
-                  f"{target}, from steps measured on this machine now", markup=False)
+    dryrun.report(exp, specs, seeds, target, console)
 
 
 @app.command("train")

@@ -137,8 +137,6 @@ class EvalConfig:
 
 PRESET_PACKAGE = "relbench.presets"
 DEFAULT_PRESET = "quick"
-SECTIONS = {"data": "DataConfig", "model": "ModelConfig", "train": "TrainConfig", "eval": "EvalConfig"}
-TOP_KEYS = ("description", "preset", "variants", "seeds", *SECTIONS)
 NOT_IN_FILES = {"model": ("position", "attention"), "train": ("seed",)}   # set by variants, train.attention, seeds
 
 
@@ -149,6 +147,9 @@ class DataConfig:
     stream: bool = False            # a hub dataset read as a stream (datasets streaming), up to max_train_tokens
     max_train_tokens: int | None = None  # the training split's token budget (None: all of it)
 
+
+SECTIONS = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "eval": EvalConfig}   # the tables
+TOP_KEYS = ("description", "preset", "variants", "seeds", *SECTIONS)
 
 @dataclass
 class Experiment:
@@ -217,8 +218,7 @@ def _checked(table: dict[str, Any], where: str) -> dict[str, Any]:
     for key in table:
         if key not in TOP_KEYS:
             raise _unknown_key(key, where, list(TOP_KEYS))
-    classes = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "eval": EvalConfig}
-    for section, cls in classes.items():
+    for section, cls in SECTIONS.items():
         values = table.get(section, {})
         if not isinstance(values, dict):
             raise UsageError(f"{section} in {where} must be a table ([{section}]), got {values!r}")
@@ -272,7 +272,7 @@ def experiment(preset: str | None = None, config: str | Path | None = None,
     """The resolved experiment: preset < experiment file < `overrides` (None values are ignored)."""
     name, tables = layered(preset, config)
     sections = {}
-    for section, cls in (("data", DataConfig), ("model", ModelConfig), ("train", TrainConfig), ("eval", EvalConfig)):
+    for section, cls in SECTIONS.items():
         given = {k: v for k, v in ((overrides or {}).get(section) or {}).items() if v is not None}
         try:
             sections[section] = cls(**{**tables.get(section, {}), **given})
@@ -280,11 +280,6 @@ def experiment(preset: str | None = None, config: str | Path | None = None,
             raise UsageError(f"[{section}] of {config or f'preset {name}'}: {error}") from None
     return Experiment(name, sections["data"], sections["model"], sections["train"], sections["eval"],
                       tables.get("variants"), tables.get("seeds"), tables.get("description", ""))
-
-
-def preset(name: str) -> dict[str, dict[str, Any]]:
-    """A preset's model, train and eval values (its whole chain)."""
-    return {k: v for k, v in layered(name)[1].items() if k in SECTIONS}
 
 
 def to_dict(obj: Any) -> dict[str, Any]:

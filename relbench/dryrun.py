@@ -17,6 +17,7 @@ import torch
 
 from relbench import memory
 from relbench.config import Experiment
+from relbench.errors import RelbenchError, UsageError
 from relbench.model import GPT
 from relbench.train import forward_backward, make_optimizer, optimizer_step, position_lr
 
@@ -57,3 +58,40 @@ def human_time(seconds: float) -> str:
     if seconds < 48 * 3600:
         return f"{seconds / 3600:.1f} h"
     return f"{seconds / 86400:.1f} days"
+
+
+def plan_vocabulary(exp: Experiment, console) -> None:
+    """Set the model's vocabulary to the tokenizer's without a corpus (relbench.data.tokenizer.
+    planned_vocab_size); a hub tokenizer out of reach leaves the configured one, with a note."""
+    from relbench.data.tokenizer import planned_vocab_size
+
+    try:
+        exp.model.vocab_size = planned_vocab_size(exp.data.tokenizer)
+    except UsageError:
+        raise
+    except RelbenchError as error:
+        console.print(f"note: {error}; assuming the configured vocabulary of {exp.model.vocab_size:,}", markup=False)
+
+
+def report(exp: Experiment, specs: list[str], seeds: list[int], device: torch.device, console) -> None:
+    """Measure every variant and print the table and the projected wall time."""
+    from relbench.report import rich_table
+
+    m, t = exp.model, exp.train
+    tokens = t.steps * t.batch_size * m.train_length
+    console.print(f"dry run of preset {exp.preset}: {m.n_layers} layers, d {m.d_model}, {m.n_heads} heads, vocabulary "
+                  f"{m.vocab_size:,}, length {m.train_length}; {t.steps:,} steps x {t.batch_size} sequences = "
+                  f"{tokens:,} tokens per run, {len(specs)} variant(s) x {len(seeds)} seed(s), {t.precision} on "
+                  f"{device}; measuring {DRY_STEPS} steps per variant after a warm-up step")
+    rows, total = [], 0.0
+    for spec in specs:
+        row = measure(spec, exp, device)
+        projected = row["seconds_per_step"] * t.steps * len(seeds)
+        total += projected
+        rows.append([spec, f"{row['params']:,}", f"{row['position_params']:,}", memory.human(row["memory_bytes"]),
+                     f"{row['seconds_per_step']:.3f}", f"{tokens / t.steps / row['seconds_per_step']:,.0f}",
+                     human_time(projected)])
+    console.print(rich_table("Dry run (nothing trained or written)", ["variant", "params", "position", "memory",
+                                                                       "s/step", "tok/s", "projected"], rows))
+    console.print(f"projected: {human_time(total)} of training for {len(specs) * len(seeds)} run(s) on {device}, "
+                  f"from steps measured on this machine now", markup=False)

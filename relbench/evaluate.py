@@ -36,7 +36,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from relbench.data.tokenizer import ByteTokenizer
 from relbench.errors import UsageError
 from relbench.model import GPT
 
@@ -59,12 +58,11 @@ class ScoredText:
         return len(self.offsets) * self.segment
 
 
-def scored_text(test: np.ndarray, lengths: list[int], eval_tokens: int,
-                token_bytes: np.ndarray = ByteTokenizer.token_bytes) -> ScoredText:
+def scored_text(test: np.ndarray, lengths: list[int], eval_tokens: int, token_bytes: np.ndarray) -> ScoredText:
     """n = eval_tokens // M segments (at least one, at most what the test split holds without
     overlap) of M = max(lengths) scored predictions, each after M context tokens, spread evenly
     from the start to the end of the test split. `token_bytes`: the tokenizer's bytes per token id
-    (default: byte tokens)."""
+    (tokenizer.token_bytes; no default: byte counts of another tokenizer would be silently wrong)."""
     longest = max(lengths)
     span = 2 * longest + 1
     if test.size < span:

@@ -35,7 +35,7 @@ import pandas as pd
 import torch
 
 from relbench import distributed
-from relbench.errors import RelbenchError
+from relbench.errors import RelbenchError, UsageError
 
 DEFAULT_RUN_DIR = Path("runs") / "default"
 CONFIG = "config.json"
@@ -245,3 +245,59 @@ class RunLock:
             self.pid_path.unlink(missing_ok=True)
             self.lock.release()
             self.lock = None
+
+
+def run_config(exp, specs: list[str], seeds: list[int], splits) -> dict[str, Any]:
+    """What config.json records of a run made from the experiment `exp` (a relbench.config.Experiment)
+    on `splits`: config.toml holds the same but what loading the data found (see `write_config`)."""
+    from relbench.config import to_dict
+
+    config = {"preset": exp.preset, "model": to_dict(exp.model), "train": to_dict(exp.train),
+              "eval": to_dict(exp.eval), "data": to_dict(exp.data), "dataset_description": splits.description,
+              "tokenizer_fingerprint": splits.tokenizer.fingerprint, "variants": specs, "seeds": seeds}
+    config["model"].pop("position")
+    config["model"].pop("attention")
+    config["train"].pop("seed")
+    return config
+
+
+def write_config(run_dir: Path, config: dict[str, Any], description: str) -> None:
+    """RUN/config.json and RUN/config.toml, the same configuration: `relbench train --config
+    RUN/config.toml --run-dir NEW` trains the run again (the environment is only in the JSON)."""
+    from relbench import __version__
+    from relbench.config import to_toml
+
+    write_json(Path(run_dir) / CONFIG, config)
+    tables = {"preset": config["preset"], **({"description": description} if description else {}),
+              **{k: config[k] for k in ("variants", "seeds", "data", "model", "train", "eval")}}
+    header = (f"# The resolved configuration of this run, written by relbench {__version__}. Reproduce it with\n"
+              f"#   relbench train --config {Path(run_dir) / CONFIG_TOML} --run-dir NEW_RUN_DIR\n")
+    atomic_write_text(Path(run_dir) / CONFIG_TOML, to_toml(tables, header))
+
+
+def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """The parts of a run's configuration that differ (a run directory holds one configuration)."""
+    from relbench.config import run_data, to_dict
+
+    old_data = to_dict(run_data(old))   # a config.json from before [data]: its defaults
+    return ([key for key in ("model", "train") if old.get(key) != new[key]]
+            + [key for key, value in new["data"].items() if old_data.get(key) != value])
+
+
+def record_run(run_dir: Path, config: dict[str, Any], specs: list[str], seeds: list[int], device: torch.device,
+               description: str) -> dict[str, Any]:
+    """config.json and config.toml with this command's variants and seeds added, after checking that
+    the run directory holds no run of another configuration; returns what it wrote."""
+    path = Path(run_dir) / CONFIG
+    if path.is_file():
+        old = read_json(path)
+        differs = differences(old, config)
+        if differs:
+            raise UsageError(f"{run_dir} holds a run with a different {' and '.join(differs)} configuration "
+                             f"(preset {old.get('preset')}); use another --run-dir, or delete {run_dir} to start over")
+        known = old.get("variants", [])
+        config["variants"] = known + [s for s in specs if s not in known]
+        config["seeds"] = sorted(set(old.get("seeds", [])) | set(seeds))
+    config["environment"] = environment(str(device))
+    write_config(run_dir, config, description)
+    return config

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from relbench.data import cache_dir, corpus, load_splits, split_documents
+from relbench.data import cache_dir, corpus, load_splits, tokenize_documents
 from relbench.data.tokenizer import ByteTokenizer, RECORD_SEPARATOR
 from relbench.errors import RelbenchError
 
@@ -28,7 +28,7 @@ def test_embedded_corpus_splits_by_whole_speech():
 
 def test_split_rule_by_document_index():
     docs = [f"doc{i}" for i in range(20)]
-    parts = split_documents(docs, ByteTokenizer())
+    parts = tokenize_documents(docs, ByteTokenizer())
     sep = bytes([RECORD_SEPARATOR])
     assert bytes(parts["test"]).split(sep)[:-1] == [b"doc9", b"doc19"]
     assert bytes(parts["validation"]).split(sep)[:-1] == [b"doc4", b"doc14"]
@@ -36,7 +36,7 @@ def test_split_rule_by_document_index():
 
 
 def test_few_documents_split_by_position():
-    parts = split_documents(["a" * 1000], ByteTokenizer())
+    parts = tokenize_documents(["a" * 1000], ByteTokenizer())
     assert [parts[k].size for k in ("train", "validation", "test")] == [800, 100, 101]
 
 

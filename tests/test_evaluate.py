@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from relbench.data.tokenizer import ByteTokenizer
 from relbench.errors import UsageError
 from relbench.evaluate import (bootstrap_interval, perplexity, position_bins, position_rows, scored_text,
                                validate_lengths, windows)
@@ -16,7 +17,7 @@ from relbench.model import GPT, ModelConfig
 
 def text_of(n_test, lengths, eval_tokens, tokens=None):
     test = np.arange(n_test) % 256 if tokens is None else tokens
-    return scored_text(test.astype(np.uint8), lengths, eval_tokens)
+    return scored_text(test.astype(np.uint8), lengths, eval_tokens, ByteTokenizer.token_bytes)
 
 
 @pytest.mark.parametrize("mode, stride", [("nonoverlap", None), ("sliding", 4), ("sliding", 5), ("sliding", 16)])

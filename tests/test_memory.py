@@ -78,6 +78,7 @@ import numpy as np
 import torch
 
 from relbench.config import ModelConfig, TrainConfig
+from relbench.data.tokenizer import ByteTokenizer
 from relbench.evaluate import perplexity, scored_text
 from relbench.model import GPT
 from relbench.profile import PeakMemory, _rss_kb
@@ -101,7 +102,7 @@ def train_step(config, batch, marks):
 
 def evaluate(model, length, batch):
     text = scored_text(np.random.randint(model.config.vocab_size, size=batch * (2 * length + 1)), [length],
-                       batch * length)
+                       batch * length, ByteTokenizer.token_bytes)
     perplexity(model, text, length, batch * length, "cpu")
 
 

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from relbench import checkpoints, data, results
 from relbench.cli import app
-from relbench.data import cache, corpus, load_run_splits, load_splits, split_documents, training_texts
+from relbench.data import cache, corpus, load_run_splits, load_splits, tokenize_documents, training_texts
 from relbench.data import tokenizer as tokenizers
 from relbench.data.tokenizer import ByteTokenizer, bytes_to_unicode, parse, token_dtype, train_bpe
 from relbench.errors import RelbenchError, UsageError
@@ -154,11 +154,11 @@ def test_memmap_cache_is_rebuilt_when_damaged(tmp_path, monkeypatch, own_cache):
 def test_position_rule_cuts_at_a_token_boundary_after_the_byte(bpe):
     docs = ["one long document " * 200, "and a second one, shorter " * 50]
     total = sum(len(t.encode()) + 1 for t in docs)
-    parts = split_documents(docs, bpe)
+    parts = tokenize_documents(docs, bpe)
     train_bytes = int(bpe.token_bytes[parts["train"]].sum())
     assert int(0.8 * total) <= train_bytes < int(0.8 * total) + 20          # the first boundary at or after 80%
     assert sum(int(bpe.token_bytes[parts[k]].sum()) for k in parts) == total
-    byte_parts = split_documents(docs, ByteTokenizer())
+    byte_parts = tokenize_documents(docs, ByteTokenizer())
     assert byte_parts["train"].size == int(0.8 * total)                      # bytes: exactly at the byte
     assert byte_parts["validation"].size == int(0.9 * total) - int(0.8 * total)
     trained_on = "\x1e".join(training_texts(docs)).encode()            # the documents it holds, as joined
@@ -173,7 +173,7 @@ def tiny_model(vocab_size):
 
 def test_bits_per_byte_of_byte_tokens_is_the_loss_over_ln2():
     test = ByteTokenizer().encode(" ".join(speeches(3, 2000)))
-    text = scored_text(test, [16, 60], 7 * 60)    # 420 tokens: dividing by a power of two would be exact anyway
+    text = scored_text(test, [16, 60], 7 * 60, ByteTokenizer.token_bytes)    # 420 tokens: dividing by a power of two would be exact anyway
     for mode, stride in (("nonoverlap", None), ("sliding", 8)):
         result = perplexity(tiny_model(256), text, 16, 4096, "cpu", mode, stride)
         assert result.n_bytes == result.n_tokens

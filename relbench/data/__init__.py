@@ -152,11 +152,6 @@ def training_texts(documents: Iterable[str], budget_bytes: int | None = None) ->
                 return
 
 
-def split_documents(documents: list[str], tokenizer: Tokenizer) -> dict[str, np.ndarray]:
-    """Token streams of the three splits (see the module doc for the rule)."""
-    return tokenize_documents(documents, tokenizer)
-
-
 def tokenize_documents(documents: Iterable[str], tokenizer: Tokenizer, budget: int | None = None,
                        progress: _Progress | None = None) -> dict[str, np.ndarray]:
     """The three splits' token streams, every document followed by the separator, read in chunks

@@ -16,6 +16,7 @@ documents. Text that happens to spell the special token is tokenized as text.
 
 from __future__ import annotations
 
+import abc
 import hashlib
 import json
 import re
@@ -38,7 +39,7 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint8 if vocab_size <= 256 else np.uint16 if vocab_size <= 65535 else np.int32)
 
 
-class Tokenizer:
+class Tokenizer(abc.ABC):
     """What every tokenizer has. Subclasses set the attributes and encode_batch / decode."""
 
     name: str               # what --tokenizer names: "bytes", "bpe:4096", "gpt2"
@@ -48,11 +49,13 @@ class Tokenizer:
     dtype: np.dtype         # of the token arrays (token_dtype)
     token_bytes: np.ndarray  # (vocab_size,) int64: UTF-8 bytes of each token id
 
+    @abc.abstractmethod
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
-        raise NotImplementedError
+        """The token ids of every text."""
 
+    @abc.abstractmethod
     def decode(self, tokens) -> str:
-        raise NotImplementedError
+        """The text of token ids."""
 
     def encode(self, text: str) -> np.ndarray:
         return self.encode_batch([text])[0]
