@@ -16,8 +16,9 @@ The split, split-linear and toeplitz paths (exact decompositions handed to the f
 live in relbench/fused.py; this module holds the interface, the choice of path and the others.
 
 - `split`: exact decomposition for biases that become constant beyond a horizon K (xl, t5, shaw).
-  Far keys go through the fused unbiased kernel, the band of near keys gets the bias, and the two
-  are merged by their log-sum-exp. CPU inference only.
+  Far keys go through the fused unbiased kernel in one causal call, the band of near keys gets the
+  bias in one batched call of query blocks, and the two are merged by their log-sum-exp. CPU
+  inference only; `auto` takes it for Shaw, and for a distance-only bias from L >= 32 x horizon.
 - `split-linear`: the same for a bias linear in distance (alibi): per query block, the bias is a
   per-key term; the block's own keys and the earlier keys are merged by log-sum-exp.
 - `toeplitz`: a bias that depends on i - j alone (xl, t5, alibi, kerple, sandwich, dynamic), with
@@ -45,6 +46,7 @@ from torch import Tensor
 
 from relbench.errors import UsageError, unknown
 from relbench.fused import (
+    SPLIT_HORIZON_RATIO,
     _four_d,
     split_attention,
     split_fits,
@@ -167,10 +169,14 @@ def choose(plan: BiasPlan | None, q: Tensor, k_len: int, grad: bool) -> str:
         if q.dtype == torch.bfloat16 and k_len <= 1024:
             return "reference"
         return "chunked"
-    # CPU inference: a distance-only bias as a strided view (at 4096 within 0.84-1.2x of unbiased
-    # SDPA for every such scheme, faster than the split in the same run); Shaw's content-dependent
-    # bias through the horizon split; the rest chunked (resolve names it)
-    return "toeplitz" if plan.distance_only else "split"
+    # CPU inference: a bias constant beyond a horizon short against the length through the horizon
+    # split (its far keys run unbiased; at 4096 xl and t5 1.02-1.09x of unbiased SDPA against the
+    # toeplitz view's 1.15-1.17x, and Shaw's content-dependent bias has no other fast path); any
+    # other distance-only bias as a strided view; the rest chunked (resolve names it)
+    if plan.distance_only:
+        short = plan.horizon is not None and plan.horizon * SPLIT_HORIZON_RATIO <= k_len
+        return "split" if short and split_fits(plan, q, k_len) else "toeplitz"
+    return "split"
 
 
 def resolve(backend: str, plan: BiasPlan | None, q: Tensor, k_len: int, grad: bool) -> str:

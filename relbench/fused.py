@@ -10,7 +10,10 @@ from torch import Tensor
 
 from relbench.positions.plan import BiasPlan, causal_mask, distance_grid
 
-BAND_BLOCK = 64      # query rows per block of the split path's near band (fastest measured: 64 of 64..512)
+BAND_BLOCK = 32      # query rows per block of the split path's near band (16, 32 and 64 within noise at
+                     # 4096 on the 2-core AVX2 host; 32 the lowest median for xl)
+SPLIT_HORIZON_RATIO = 32   # auto takes the horizon split for a distance-only bias from L >= 32 x horizon (xl's
+                           # 128 from 4096): its band costs L x (block + horizon) pairs at a small kernel tile
 LINEAR_BLOCKS = (256, 1024)  # query rows per block for linear biases (ALiBi): L/16 within these bounds,
                              # the fastest measured at 4096 (256) and 16384 (1024)
 
@@ -30,11 +33,12 @@ def _attend_lse(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, cau
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, attn_mask=mask)
 
 
-def _merge(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> Tensor:
-    """Softmax attention over the union of two disjoint key sets, from each set's output and LSE."""
-    top = torch.maximum(lse_a, lse_b)
-    w_a, w_b = torch.exp(lse_a - top)[..., None], torch.exp(lse_b - top)[..., None]   # (B, H, q, 1)
-    return (out_a * w_a + out_b * w_b) / (w_a + w_b)
+def _merge(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor, out: Tensor | None = None) -> Tensor:
+    """Softmax attention over the union of two disjoint key sets, from each set's output and LSE:
+    out_b + w (out_a - out_b) with w = exp(lse_a) / (exp(lse_a) + exp(lse_b)), in one pass (into
+    `out`, a view of the result, when given)."""
+    weight = torch.sigmoid(lse_a - lse_b)[..., None]                                    # (B, H, q, 1)
+    return torch.lerp(out_b, out_a, weight) if out is None else torch.lerp(out_b, out_a, weight, out=out)
 
 
 def _four_d(bias: Tensor) -> Tensor:
@@ -43,7 +47,16 @@ def _four_d(bias: Tensor) -> Tensor:
 
 def split_attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan, block: int = BAND_BLOCK) -> Tensor:
     """Square CPU inference with a bias constant beyond plan.horizon, on a sequence long enough to
-    have far keys (`resolve` sends everything else elsewhere; this path never falls back)."""
+    have far keys (`resolve` sends everything else elsewhere; this path never falls back).
+
+    Far keys (i - j >= horizon) go through the unbiased fused kernel in one causal call, their
+    constant added to its log-sum-exp. The near band (0 <= i - j < horizon) goes in query blocks of
+    `block` rows, each against the block + horizon - 1 keys up to its last query, and all the blocks
+    whose keys exist are ONE kernel call: the queries and keys are (blocks, H, rows, D) strided views
+    (overlapping windows for the keys), the mask one (1, H, block, block + horizon - 1) tile for a
+    distance-only bias, or a strided view of each query's band (BiasPlan.band) laid out with the
+    relative shift otherwise. The rows before the first whole block and after the last each take one
+    call of their own. Every piece is merged with its rows' far keys by log-sum-exp."""
     q_len = q.shape[-2]
     if not split_fits(plan, q, k.shape[-2], block):
         raise ValueError(f"the split path needs square CPU attention with a horizon and at least one far "
@@ -55,35 +68,69 @@ def split_attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan, block: int 
     # far keys: query i sees j <= i - horizon, i.e. queries horizon.. against keys ..n-horizon, causal
     far_out, far_lse = _attend_lse(q[..., horizon:, :], k[..., : n - horizon, :], v[..., : n - horizon, :], causal=True)
     far_lse = far_lse + plan.tail(horizon, n).to(q.dtype)                        # (B, H, n - horizon)
-    # near keys: i - horizon < j <= i, in query blocks; a distance-only bias has the same tile for
-    # every block (rows start .. start+block, keys start-horizon+1 .. start+block), built once
-    tile = _band_tile(plan, block, horizon, q.dtype) if plan.distance_only else None
-    for start in range(0, n, block):
-        end = min(n, start + block)
-        first_key = max(0, start - horizon + 1)
-        if tile is not None:
-            mask = tile[..., : end - start, first_key - (start - horizon + 1): end - (start - horizon + 1)]
-        else:
-            distance = distance_grid(start, end, first_key, end, q.device)        # (bq, bk)
-            outside = (distance < 0) | (distance >= horizon)
-            mask = _four_d(plan.block(start, end, first_key, end).to(q.dtype).masked_fill(outside, float("-inf")))
-        near_out, near_lse = _attend_lse(q[..., start:end, :], k[..., first_key:end, :], v[..., first_key:end, :], mask)
-        split_at = min(end, max(start, horizon))          # rows from here on also have far keys
-        out[..., start:split_at, :] = near_out[..., : split_at - start, :]
-        if split_at < end:
-            rows = slice(split_at - horizon, end - horizon)
-            out[..., split_at:end, :] = _merge(near_out[..., split_at - start:, :], near_lse[..., split_at - start:],
-                                               far_out[..., rows, :], far_lse[..., rows])
+    head = min(n, -(-horizon // block) * block)     # from here on every block's rows have far keys
+    count = (n - head) // block                     # whole blocks, in one call
+    end = head + count * block
+    for start, stop in ((0, head), (end, n)):       # the rest: one call each
+        if stop > start:
+            first = max(0, start - horizon + 1)
+            mask = _band_mask(plan, start, stop, first, stop, horizon, q.dtype)
+            near_out, near_lse = _attend_lse(q[..., start:stop, :], k[..., first:stop, :], v[..., first:stop, :], mask)[:2]
+            split_at = min(stop, max(start, horizon))          # rows from here on also have far keys
+            out[..., start:split_at, :] = near_out[..., : split_at - start, :]
+            if split_at < stop:
+                rows = slice(split_at - horizon, stop - horizon)
+                _merge(near_out[..., split_at - start:, :], near_lse[..., split_at - start:],
+                       far_out[..., rows, :], far_lse[..., rows], out=out[..., split_at:stop, :])
+    if count == 0:
+        return out
+    width = block + horizon - 1
+    masks = _band_masks(plan, head, end, block, horizon, q.dtype)                   # (1 or B, blocks, H, block, width)
+    for b in range(q.shape[0]):
+        near_out, near_lse = _attend_lse(_windows(q[b], head, count, block, block),
+                                         _windows(k[b], head - horizon + 1, count, block, width),
+                                         _windows(v[b], head - horizon + 1, count, block, width),
+                                         masks[min(b, masks.shape[0] - 1)])[:2]       # (blocks, H, block, D), (blocks, H, block)
+        by_block = lambda t: t[b, :, head - horizon: end - horizon].unflatten(1, (count, block)).transpose(0, 1)  # noqa: E731
+        target = out[b, :, head:end].unflatten(1, (count, block)).transpose(0, 1)
+        _merge(near_out, near_lse, by_block(far_out), by_block(far_lse), out=target)
     return out
 
 
-def _band_tile(plan: BiasPlan, block: int, horizon: int, dtype: torch.dtype) -> Tensor:
-    """(1, H, block, block + horizon - 1): the near-band bias of a query block against the keys from
-    horizon - 1 before it, -inf outside the band (0 <= i - j < horizon)."""
-    first = horizon - 1  # a block whose keys all exist; a distance-only bias is the same for every block
-    tile = plan.block(first, first + block, 0, first + block).to(dtype)
-    distance = distance_grid(first, first + block, 0, first + block, tile.device)
-    return _four_d(tile.masked_fill((distance < 0) | (distance >= horizon), float("-inf")))
+def _windows(t: Tensor, first: int, count: int, step: int, rows: int) -> Tensor:
+    """(count, H, rows, D) view of t (H, L, D): window w is rows first + w * step .. + rows."""
+    s = t.stride()
+    return t.as_strided((count, t.shape[0], rows, t.shape[2]), (step * s[1], s[0], s[1], s[2]),
+                        t.storage_offset() + first * s[1])
+
+
+def _band_mask(plan: BiasPlan, q_start: int, q_end: int, k_start: int, k_end: int, horizon: int,
+               dtype: torch.dtype) -> Tensor:
+    """(1 or B, H, q, k): the bias of these queries and keys, -inf outside the band 0 <= i - j < horizon."""
+    bias = plan.block(q_start, q_end, k_start, k_end).to(dtype)
+    distance = distance_grid(q_start, q_end, k_start, k_end, bias.device)
+    return _four_d(bias.masked_fill((distance < 0) | (distance >= horizon), float("-inf")))
+
+
+def _band_masks(plan: BiasPlan, q_start: int, q_end: int, block: int, horizon: int, dtype: torch.dtype) -> Tensor:
+    """(1 or B, blocks, H, block, block + horizon - 1): the mask of each whole block from q_start
+    (query a of block w against its keys c from q_start + w * block - horizon + 1), as the batched
+    kernel call reads it. A distance-only bias is the same tile for every block (a stride-0 view).
+    Otherwise each query's band R[a, e] (BiasPlan.band) goes into a row of width W = 2 block +
+    horizon - 2 at column e + block - 1, -inf around it; reading that buffer with a row stride of
+    W - 1 (Transformer-XL's relative shift) puts key c of row a at column c - a + block - 1."""
+    width = block + horizon - 1
+    count = (q_end - q_start) // block
+    if plan.distance_only:
+        tile = _band_mask(plan, horizon - 1, horizon - 1 + block, 0, width, horizon, dtype)  # keys all exist
+        return tile[:, None].expand(tile.shape[0], count, *tile.shape[1:])
+    band = _four_d(plan.band(q_start, q_end, horizon).to(dtype))                      # (B, H, rows, horizon)
+    row = 2 * block + horizon - 2
+    shifted = band.new_full((*band.shape[:-1], row), float("-inf"))
+    shifted[..., block - 1: block - 1 + horizon] = band
+    s = shifted.stride()
+    return shifted.as_strided((band.shape[0], count, band.shape[1], block, width),
+                              (s[0], block * s[2], s[1], s[2] - 1, 1), shifted.storage_offset() + block - 1)
 
 
 def _clamped_block(length: int, divisor: int, bounds: tuple[int, int]) -> int:

@@ -11,7 +11,7 @@ from relbench.attention import BACKENDS, attention, check, chunked_attention, re
 from relbench.fused import linear_block, split_attention, split_linear_attention, toeplitz_attention, toeplitz_block
 from relbench.errors import UsageError
 from relbench.positions.base import PositionEncoding
-from relbench.positions.plan import toeplitz
+from relbench.positions.plan import BiasPlan, toeplitz
 
 H, D = 4, 8
 # small horizons so the far/near decomposition runs at short lengths: xl 5, t5 12, shaw 3, t5-log2 8
@@ -19,7 +19,7 @@ SPECS = {name: name for name in positions.names()}
 SPECS.update({"xl": "xl:k=5", "t5": "t5:num_buckets=8,max_distance=12", "shaw": "shaw:k=3",
               "t5-log2": "t5-log2:max_distance=8"})
 SPLIT = [s for s in SPECS.values() if positions.scheme(s).has_horizon]      # xl, t5, t5-log2, shaw
-LONG = 150   # >= every SPLIT horizon + the split path's 64-row band block: the horizon split runs
+LONG = 150   # >= every SPLIT horizon + the split path's 32-row band block: the horizon split runs
 
 
 def encoding(spec):
@@ -45,10 +45,10 @@ def prepared(enc, q_len, k_len, batch=2):
 
 @pytest.fixture
 def merges(monkeypatch):
-    """The log-sum-exp merges the split paths make, one entry per call of `_merge`."""
+    """The log-sum-exp merges the split paths make: the shape of the near output of each `_merge` call."""
     calls = []
     original = fused_module._merge
-    monkeypatch.setattr(fused_module, "_merge", lambda *a: calls.append(1) or original(*a))
+    monkeypatch.setattr(fused_module, "_merge", lambda *a, **kw: calls.append(tuple(a[0].shape)) or original(*a, **kw))
     return calls
 
 
@@ -88,25 +88,60 @@ def test_the_horizon_split_merges_far_and_near_keys_at_length_150(merges):
         with torch.no_grad(), recording() as taken:
             attention(q, k, v, plan, "split")
         assert dict(taken) == {"split": 1}, spec
-        # blocks of 64 rows: rows from the horizon on have far keys; blocks 0..2 each merge once
-        assert len(merges) == 3, spec
+        # blocks of 32 rows: rows 0..31 in one call, the three whole blocks 32..127 in the batched call,
+        # rows 128..149 in one call; each merges its rows that have far keys (from the horizon on) once
+        horizon = max(1, plan.horizon)
+        assert merges == [(1, H, 32 - horizon, D), (1, H, 22, D), (3, H, 32, D)], spec
 
 
 @pytest.mark.parametrize("spec", SPLIT)
 @pytest.mark.parametrize("block", [1, 4, 7])
 @torch.no_grad()
 def test_split_with_small_blocks_matches_reference(spec, block, merges):
-    """Band blocks smaller than the horizon and than the sequence: every merge branch runs, and the
-    block size is really used (the number of merges is the number of blocks with far rows)."""
+    """Band blocks smaller than the horizon and than the sequence: every merge branch runs, every row
+    with far keys is merged exactly once, and the whole blocks after the first rows go in one call per
+    batch entry, `block` rows each."""
     enc = encoding(spec)
     length = 29
     q, k, v, plan = prepared(enc, length, length)
     ref = attention(q, k, v, plan, "reference")
     torch.testing.assert_close(split_attention(q, k, v, plan, block=block), ref, rtol=1e-5, atol=1e-5)
     horizon = max(1, plan.horizon)
-    blocks_with_far_rows = len({row // block for row in range(horizon, length)})
-    assert len(merges) == blocks_with_far_rows > 1
+    assert sum(shape[0] * shape[2] for shape in merges) == q.shape[0] * (length - horizon)
+    whole_blocks = (length - -(-horizon // block) * block) // block
+    assert merges.count((whole_blocks, H, block, D)) == q.shape[0] and whole_blocks > 1
     torch.testing.assert_close(chunked_attention(q, k, v, plan, block=block), ref, rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
+def test_auto_takes_the_horizon_split_for_a_short_horizon_at_length():
+    """A distance-only bias with a horizon goes through the split from L >= 32 x horizon (xl:k=5 from
+    160), square only; shorter, or with queries over a longer context, through the toeplitz view."""
+    for spec in ("xl:k=5", "t5:num_buckets=8,max_distance=10"):
+        enc = encoding(spec)
+        horizon = enc.horizon()
+        for q_len, k_len, path in ((32 * horizon, 32 * horizon, "split"), (32 * horizon - 1, 32 * horizon - 1, "toeplitz"),
+                                   (40, 32 * horizon, "toeplitz")):
+            q, k, v, plan = prepared(enc, q_len, k_len)
+            with recording() as taken:
+                out = attention(q, k, v, plan, "auto")
+            assert dict(taken) == {path: 1}, (spec, q_len, k_len)
+            torch.testing.assert_close(out, attention(q, k, v, plan, "reference"), rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
+def test_shaw_band_is_its_bias_on_the_keys_up_to_each_query():
+    """ShawPlan.band slices its products; the generic BiasPlan.band gathers the same from blocks."""
+    for spec in ("shaw:k=3", "shaw:k=1", "shaw:k=0"):
+        q, k, v, plan = prepared(encoding(spec), 40, 40)
+        horizon = max(1, plan.horizon or 1)
+        band = plan.band(horizon + 2, 40, horizon)
+        torch.testing.assert_close(band, BiasPlan.band(plan, horizon + 2, 40, horizon), rtol=0, atol=0)
+        # row a, column e: the key at distance horizon - 1 - e
+        a, e = 7, horizon - 1
+        torch.testing.assert_close(band[..., a, e], plan.block(horizon + 2 + a, horizon + 3 + a,
+                                                               horizon + 2 + a - (horizon - 1) + e,
+                                                               horizon + 3 + a - (horizon - 1) + e)[..., 0, 0])
 
 
 @pytest.mark.parametrize("block", [1, 5, 8, 37])
@@ -186,8 +221,8 @@ def test_resolve_names_every_case_where_split_cannot_split():
     """The five cases the split backend used to fall back silently in, each resolved by name."""
     q_long, _, _, plan_xl = prepared(encoding("xl:k=5"), LONG, LONG)
     assert resolve("split", plan_xl, q_long, LONG, grad=False) == "split"
-    q_short, _, _, plan_short = prepared(encoding("xl:k=5"), 40, 40)        # 40 < horizon 5 + band block 64
-    assert resolve("split", plan_short, q_short, 40, grad=False) == "chunked"
+    q_short, _, _, plan_short = prepared(encoding("xl:k=5"), 36, 36)        # 36 < horizon 5 + band block 32
+    assert resolve("split", plan_short, q_short, 36, grad=False) == "chunked"
     q_rect, _, _, plan_rect = prepared(encoding("xl:k=5"), 9, LONG)         # q_len != k_len
     assert resolve("split", plan_rect, q_rect, LONG, grad=False) == "chunked"
     q_meta = torch.empty(1, H, LONG, D, device="meta")                       # not on the CPU
@@ -197,7 +232,7 @@ def test_resolve_names_every_case_where_split_cannot_split():
     assert resolve("split", None, q_long, LONG, grad=False) == "sdpa"        # no bias
     q_a, _, _, plan_a = prepared(encoding("alibi"), 37, 37)
     assert resolve("split", plan_a, q_a, 37, grad=False) == "split-linear"
-    assert resolve("auto", plan_short, q_short, 40, grad=False) == "toeplitz"   # distance-only, CPU inference
+    assert resolve("auto", plan_short, q_short, 36, grad=False) == "toeplitz"   # distance-only, CPU inference
     assert resolve("auto", plan_xl, q_long, LONG, grad=False) == "toeplitz"
     assert resolve("auto", plan_xl, q_long, LONG, grad=True) == "chunked"
     assert resolve("auto", plan_xl, q_meta, LONG, grad=False) == "chunked"          # not on the CPU
@@ -210,7 +245,7 @@ def test_resolve_names_every_case_where_split_cannot_split():
 
 
 def test_split_path_refuses_inputs_it_cannot_split():
-    q, k, v, plan = prepared(encoding("xl:k=5"), 40, 40)
+    q, k, v, plan = prepared(encoding("xl:k=5"), 30, 30)
     with pytest.raises(ValueError, match="far key block"):
         split_attention(q, k, v, plan)
 
@@ -360,10 +395,10 @@ def test_recording_counts_one_call_per_layer_in_a_model():
         model(torch.zeros(1, 100, dtype=torch.long))
     assert dict(taken) == {"split": 3}
     with torch.no_grad(), recording() as taken:
-        model(torch.zeros(1, 40, dtype=torch.long))
+        model(torch.zeros(1, 30, dtype=torch.long))                # 30 < horizon 4 + band block 32
     assert dict(taken) == {"chunked": 3}
     with recording() as taken:
-        model(torch.zeros(1, 40, dtype=torch.long))
+        model(torch.zeros(1, 30, dtype=torch.long))
     assert dict(taken) == {"chunked": 3}                         # training
     model.config.attention = "split"
     with torch.no_grad(), recording() as taken:

@@ -90,6 +90,19 @@ class BiasPlan(abc.ABC):
         bias = self.block(q_start, q_end, 0, k_end)
         return bias.masked_fill(distance_grid(q_start, q_end, 0, k_end, bias.device) < 0, float("-inf"))
 
+    def band(self, q_start: int, q_end: int, horizon: int) -> Tensor:
+        """(H or B,H, q, horizon): each query's bias on the `horizon` keys up to it, the farthest first:
+        R[a, e] = bias(query q_start + a, key q_start + a - (horizon - 1) + e), for queries whose band
+        keys all exist (q_start >= horizon - 1). Gathered from blocks here; plans that hold their
+        band directly override it (the split path reads it for content-dependent biases)."""
+        parts = []
+        for start in range(q_start, q_end, 256):
+            stop = min(q_end, start + 256)
+            bias = self.block(start, stop, start - horizon + 1, stop)             # (..., rows, rows + horizon - 1)
+            index = torch.arange(stop - start, device=bias.device)[:, None] + torch.arange(horizon, device=bias.device)
+            parts.append(torch.gather(bias, -1, index.expand(*bias.shape[:-1], horizon)))
+        return torch.cat(parts, dim=-2)
+
     def tail(self, q_start: int, q_end: int) -> Tensor | None:
         """The constant beyond the horizon for query rows [q_start, q_end), broadcastable to
         (B, H, q); None when the plan has no horizon."""

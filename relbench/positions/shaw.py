@@ -31,6 +31,12 @@ class ShawPlan(BiasPlan):
         index = (-distance_grid(q_start, q_end, k_start, k_end, rows.device)).clamp(-self.k, self.k) + self.k
         return torch.gather(rows, -1, index.expand(*rows.shape[:-1], k_end - k_start))  # (B, H, bq, bk)
 
+    def band(self, q_start: int, q_end: int, horizon: int) -> Tensor:
+        """Key e of the band sits at j - i = e - (horizon - 1), the product column e + k - horizon + 1:
+        a slice, nothing gathered."""
+        first = self.k - horizon + 1
+        return self.products[..., q_start - self.offset: q_end - self.offset, first: first + horizon]
+
     def tail(self, q_start: int, q_end: int) -> Tensor:
         return self.products[..., q_start - self.offset: q_end - self.offset, 0]       # (B, H, bq)
 
