@@ -89,8 +89,11 @@ def paired_ratios(specs: list[str], lengths: list[int], batch: int, heads: int, 
                 if position.max_length is not None and length > position.max_length:
                     continue
 
-                def run(_: int, position=position) -> None:
-                    q_rot, k_rot, plan = position_terms(position, q, k, length)
+                x = (torch.randn(batch, length, position.d_model, generator=generator).to(device)
+                     if position.input_dependent else None)              # FoX's gates read the layer input
+
+                def run(_: int, position=position, x=x) -> None:
+                    q_rot, k_rot, plan = position_terms(position, q, k, length, x)
                     attention(q_rot, k_rot, v, plan, "auto")
 
                 def floor(_: int) -> None:

@@ -196,7 +196,8 @@ def training_backend(model: ModelConfig, precision: str) -> str:
     enc = positions.build_spec(model.position, n_heads=model.n_heads, head_dim=model.head_dim, d_model=model.d_model,
                                train_length=model.train_length)
     q = torch.zeros(1, model.n_heads, 2, model.head_dim, dtype=dtype)
-    return choose(enc.plan(2, 2, q) if enc.adds_bias else None, q, model.train_length, grad=True)
+    x = torch.zeros(1, 2, model.d_model, dtype=dtype)        # the layer input, for input-dependent schemes
+    return choose(enc.plan(2, 2, q, q, x) if enc.adds_bias else None, q, model.train_length, grad=True)
 
 
 def _saved_bytes(gpt, batch: int, length: int, precision: str) -> int:

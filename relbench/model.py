@@ -41,7 +41,7 @@ class SelfAttention(nn.Module):
                 observe: Observer | None = None) -> Tensor:
         B, L, D = x.shape
         q, k, v = self.qkv(x).view(B, L, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)  # (B, H, L, Dh) each
-        q, k, plan = position.prepare(q, k, plan)
+        q, k, plan = position.prepare(q, k, plan, x)                          # x: FoX's gates read the input
         if observe is not None:
             observe(q, k, plan)
         y = attention(q, k, v, plan, backend)                                 # (B, H, L, Dh)
@@ -110,8 +110,9 @@ class GPT(nn.Module):
         absolute = first.embed(L)
         if absolute is not None:
             x = x + absolute.to(x.dtype)                           # (L, D) broadcast over B
-        # a content-independent bias shared by all layers is planned once per forward pass
-        shared = len(self.positions) == 1 and first.adds_bias and not first.content_dependent
+        # a bias shared by all layers that does not depend on the batch is planned once per forward pass
+        batch_dependent = first.content_dependent or first.key_dependent or first.input_dependent
+        shared = len(self.positions) == 1 and first.adds_bias and not batch_dependent
         plan = first.plan(L, L) if shared else None
         backend = self.config.attention if backend is None else backend
         for i, block in enumerate(self.blocks):

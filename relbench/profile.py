@@ -158,10 +158,12 @@ def paired(numerator: list[float], denominator: list[float]) -> list[float]:
     return sorted(a / b for a, b in zip(numerator, denominator))
 
 
-def position_terms(position: PositionEncoding, q: torch.Tensor, k: torch.Tensor, length: int):
-    """Everything the scheme computes before attention: absolute embedding, bias plan, rotation."""
+def position_terms(position: PositionEncoding, q: torch.Tensor, k: torch.Tensor, length: int,
+                   x: torch.Tensor | None = None):
+    """Everything the scheme computes before attention: absolute embedding, bias plan, rotation
+    (`x`, the layer input, for a scheme that declares `input_dependent`)."""
     position.embed(length)
-    return position.prepare(q, k)
+    return position.prepare(q, k, x=x)
 
 
 def profile_one(spec: str, backend: str, length: int, batch: int = 1, heads: int = 8, head_dim: int = 64,
@@ -183,10 +185,12 @@ def profile_one(spec: str, backend: str, length: int, batch: int = 1, heads: int
     generator = torch.Generator().manual_seed(seed)
     shape = (batch, heads, length, head_dim)
     q, k, v = (torch.randn(shape, generator=generator).to(device) for _ in range(3))
+    x = (torch.randn(batch, length, position.d_model, generator=generator).to(device)
+         if position.input_dependent else None)                      # drawn after q, k, v: theirs unchanged
     try:
         with torch.no_grad():
-            build = measure(lambda: position_terms(position, q, k, length), device, repeats, peak=peak)
-            q_rot, k_rot, plan = position_terms(position, q, k, length)
+            build = measure(lambda: position_terms(position, q, k, length, x), device, repeats, peak=peak)
+            q_rot, k_rot, plan = position_terms(position, q, k, length, x)
             with recording() as taken:
                 attend = measure(lambda: attention(q_rot, k_rot, v, plan, backend), device, repeats, peak=peak)
             row["path"] = path_label(taken)
@@ -196,7 +200,7 @@ def profile_one(spec: str, backend: str, length: int, batch: int = 1, heads: int
                    attention_max_ms=attend.max_ms, attention_peak_mb=attend.peak_mb, first_call_s=attend.first_s)
         if length <= train_max and _can_train(backend, position, device):
             with recording() as taken:
-                train = measure(lambda: _forward_backward(position, q, k, v, length, backend), device,
+                train = measure(lambda: _forward_backward(position, q, k, v, length, backend, x), device,
                                 max(1, repeats // 2), peak=peak)
             row.update(train_path=path_label(taken), train_ms=train.median_ms, train_min_ms=train.min_ms, train_max_ms=train.max_ms,
                        train_peak_mb=train.peak_mb)
@@ -215,9 +219,9 @@ def _can_train(backend: str, position: PositionEncoding, device: torch.device) -
         return False
 
 
-def _forward_backward(position, q, k, v, length, backend) -> None:
+def _forward_backward(position, q, k, v, length, backend, x=None) -> None:
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-    q_rot, k_rot, plan = position_terms(position, q, k, length)
+    q_rot, k_rot, plan = position_terms(position, q, k, length, x)
     out = attention(q_rot, k_rot, v, plan, backend)
     out.sum().backward()
     position.zero_grad(set_to_none=True)

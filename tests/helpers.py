@@ -7,10 +7,16 @@ import torch
 from relbench import positions
 
 
-def full_bias(enc: positions.PositionEncoding, q_len: int, k_len: int, q: torch.Tensor | None = None):
+def full_bias(enc: positions.PositionEncoding, q_len: int, k_len: int, q: torch.Tensor | None = None,
+              k: torch.Tensor | None = None, x: torch.Tensor | None = None):
     """The bias `enc` adds to the logits of q_len queries over k_len keys, materialised: (H, q_len,
-    k_len), (B, H, q_len, k_len) for content-dependent schemes (pass the projected queries q), or
-    None when the scheme adds no bias."""
+    k_len), (B, H, q_len, k_len) for data-dependent schemes (pass the projected queries q, keys k
+    and the layer input x (B, k_len, d_model) that they read), or None when the scheme adds no bias."""
     if not enc.adds_bias:
         return None
-    return enc.plan(q_len, k_len, q).full()
+    return enc.plan(q_len, k_len, q, k, x).full()
+
+
+def layer_input(enc: positions.PositionEncoding, batch: int, k_len: int, seed: int = 0) -> torch.Tensor:
+    """A random layer input (batch, k_len, d_model) for schemes that read it (FoX's forget gates)."""
+    return torch.randn(batch, k_len, enc.d_model, generator=torch.Generator().manual_seed(seed))

@@ -8,6 +8,7 @@ notice ("survived") is a gap in the tests.
     python tests/mutation_check.py -k offset    # the mutations whose name contains "offset"
     python tests/mutation_check.py -k torchrun  # distributed training and evaluation (2 gloo processes each)
     python tests/mutation_check.py -k tokens    # tokenizers and bits per byte;  -k config: experiment files
+    python tests/mutation_check.py -k frontier  # the data-dependent biases (FoX, CoPE, DAPE)
 
 Not collected by pytest (its name does not start with test_); it takes a few minutes.
 """
@@ -32,6 +33,7 @@ CORE_TESTS = ["tests/test_attention.py", "tests/test_positions.py", "tests/test_
 DDP = "tests/test_distributed.py::"
 DDP_TRAIN = [DDP + "test_two_processes_train_the_weights_of_one"]
 TOK, CONFIG = "tests/test_tokenizers.py::", "tests/test_config.py::"
+FRONTIER = ["tests/test_frontier.py"]
 MUTATIONS = [
     ("bias sign flipped on the reference path", "relbench/attention.py",
      "scores = scores + plan.full().to(scores.dtype)", "scores = scores - plan.full().to(scores.dtype)"),
@@ -141,6 +143,21 @@ MUTATIONS = [
     ("tokens: extrapolate reads a run's data as bytes", "relbench/data/__init__.py",
      'else data.dataset, data.tokenizer, stream=data.stream,', 'else data.dataset, "bytes", stream=data.stream,',
      [TOK + "test_tiny_bpe_run_trains_extrapolates_and_reports"]),
+    ("frontier: FoX's bias sign flipped", "relbench/positions/fox.py",
+     "return rows[..., :, None] - keys[..., None, :]", "return keys[..., None, :] - rows[..., :, None]", FRONTIER),
+    ("frontier: FoX sums the gates over [j, i) instead of (j, i]", "relbench/positions/fox.py",
+     "after = log_f[..., anchor + 1: hi].cumsum(-1)", "after = log_f[..., anchor: hi - 1].cumsum(-1)", FRONTIER),
+    ("frontier: FoX's causal mask dropped on the chunked path", "relbench/positions/fox.py",
+     'return bias.masked_fill_(distance_grid(q_start, q_end, 0, k_end, bias.device) < 0, float("-inf"))',
+     "return bias", FRONTIER),
+    ("frontier: CoPE counts gates forward from the first key", "relbench/positions/cope.py",
+     "return gates.flip(-1).cumsum(-1).flip(-1).clamp(max=p_max - 1)", "return gates.cumsum(-1).clamp(max=p_max - 1)",
+     FRONTIER),
+    ("frontier: CoPE counts the gates of future keys", "relbench/positions/cope.py",
+     'gates = torch.sigmoid(logits.masked_fill(future, float("-inf")))', "gates = torch.sigmoid(logits)", FRONTIER),
+    ("frontier: DAPE's MLP does not see the logits", "relbench/positions/dape.py",
+     "features = torch.cat([logits, base], dim=1)", "features = torch.cat([torch.zeros_like(logits), base], dim=1)",
+     FRONTIER),
     ("config: a run's data left out of the same-run check", "relbench/results.py",
      '+ [key for key, value in new["data"].items() if old_data.get(key) != value])', "+ [])",
      [TOK + "test_tiny_bpe_run_trains_extrapolates_and_reports"]),

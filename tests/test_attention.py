@@ -4,6 +4,7 @@ counted."""
 
 import pytest
 import torch
+from helpers import layer_input
 
 from relbench import fused as fused_module
 from relbench import positions
@@ -39,7 +40,7 @@ def qkv(q_len, k_len, batch=2, seed=0):
 
 def prepared(enc, q_len, k_len, batch=2):
     q, k, v = qkv(q_len, k_len, batch)
-    q, k, plan = enc.prepare(q, k)
+    q, k, plan = enc.prepare(q, k, x=layer_input(enc, batch, k_len))
     return q, k, v, plan
 
 
@@ -263,14 +264,14 @@ def test_flex_matches_reference(spec):
 
 
 @pytest.mark.parametrize("spec", ["xl:k=5", "t5:num_buckets=8,max_distance=12", "shaw:k=3", "alibi",
-                                  "transformer-xl", "fire", "dynamic"])
+                                  "transformer-xl", "fire", "dynamic", "fox", "cope", "dape"])
 def test_chunked_gradients_match_reference(spec):
     enc = encoding(spec)
     grads = {}
     for backend in ("reference", "chunked"):
         enc.zero_grad()
         q, k, v = (t.requires_grad_() for t in qkv(21, 21))
-        q_rot, k_rot, plan = enc.prepare(q, k)
+        q_rot, k_rot, plan = enc.prepare(q, k, x=layer_input(enc, 2, 21))
         out = attention(q_rot, k_rot, v, plan, backend)
         (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
         grads[backend] = [q.grad, k.grad, v.grad] + [p.grad for p in enc.parameters()]

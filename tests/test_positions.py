@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from helpers import full_bias
+from helpers import full_bias, layer_input
 
 from relbench import positions
 from relbench.errors import RelbenchError
@@ -27,7 +27,7 @@ def build(name, **options):
 
 def logits(enc, q, k):
     """Full pre-softmax logits (B, H, Lq, Lk) the attention would see, queries last Lq of Lk."""
-    q, k, plan = enc.prepare(q, k)
+    q, k, plan = enc.prepare(q, k, x=layer_input(enc, q.shape[0], k.shape[-2]))
     out = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     if plan is not None:
         out = out + plan.full()
@@ -53,22 +53,33 @@ def test_unknown_option_is_rejected():
 
 BIAS = [n for n in ALL if positions.get(n).adds_bias]
 CONTENT = [n for n in ALL if positions.get(n).content_dependent]
+KEYS = [n for n in ALL if positions.get(n).key_dependent]
+INPUT = [n for n in ALL if positions.get(n).input_dependent]
+BATCH = set(CONTENT) | set(KEYS) | set(INPUT)     # a bias per sequence of the batch
 
 
-def test_bias_variants_include_the_content_dependent_ones():
-    """The bias tests below run over BIAS, so they cover Shaw and Transformer-XL with real queries."""
-    assert set(CONTENT) == {"shaw", "transformer-xl"} and set(CONTENT) <= set(BIAS)
+def test_bias_variants_include_the_data_dependent_ones():
+    """The bias tests below run over BIAS, so they cover Shaw, Transformer-XL, CoPE, DAPE and FoX
+    with real queries, keys and layer inputs."""
+    assert set(CONTENT) == {"shaw", "transformer-xl", "cope", "dape"} and BATCH <= set(BIAS)
+    assert set(KEYS) == {"cope", "dape"} and set(INPUT) == {"fox"}
     assert {"xl", "t5", "alibi", "fire"} <= set(BIAS)
+
+
+def _data(enc, k_len, seed=5, batch=2):
+    """Keys (B, H, k_len, D) and the layer input (B, k_len, d_model), for schemes that read them."""
+    return (torch.randn(batch, H, k_len, D, generator=torch.Generator().manual_seed(seed)),
+            layer_input(enc, batch, k_len, seed + 100))
 
 
 @pytest.mark.parametrize("name", ALL)
 def test_bias_shape(name):
     enc = build(name)
     q = torch.randn(2, H, 3, D, generator=torch.Generator().manual_seed(4))   # projected queries
-    bias = full_bias(enc, 3, 7, q)
+    bias = full_bias(enc, 3, 7, q, *_data(enc, 7))
     if name not in BIAS:
         assert enc.plan(3, 7, q) is None and bias is None
-    elif name in CONTENT:     # one bias per sequence of the batch: it depends on the queries
+    elif name in BATCH:       # one bias per sequence of the batch: it depends on the data
         assert bias.shape == (2, H, 3, 7)
         assert not torch.equal(bias[0], bias[1])
     else:
@@ -96,7 +107,8 @@ def test_bias_for_query_suffix_matches_full_square(name):
     content-dependent scheme, built from the same last q_len queries)."""
     enc = build(name)
     q = torch.randn(2, H, 9, D, generator=torch.Generator().manual_seed(4))
-    full, part = full_bias(enc, 9, 9, q), full_bias(enc, 4, 9, q[..., 5:, :])
+    data = _data(enc, 9)
+    full, part = full_bias(enc, 9, 9, q, *data), full_bias(enc, 4, 9, q[..., 5:, :], *data)
     assert full.abs().sum() > 0
     torch.testing.assert_close(part, full[..., 5:, :])
 
@@ -204,7 +216,7 @@ def test_parametric_variants_are_the_expected_ones():
     """The determinism test below runs over PARAMETRIC only: the other six have nothing to draw.
     A variant gaining or losing parameters must be added here, so it cannot drop out unseen."""
     assert set(PARAMETRIC) == {"learned", "xl", "t5", "t5-log2", "shaw", "dynamic", "fire", "kerple-log",
-                               "kerple-power", "transformer-xl"}
+                               "kerple-power", "transformer-xl", "fox", "cope", "dape"}
     assert set(ALL) - set(PARAMETRIC) == {"none", "sinusoidal", "rope", "xpos", "alibi", "sandwich"}
 
 
@@ -228,12 +240,16 @@ def test_build_is_deterministic_per_generator(name):
     for key in a:
         assert a[key].isfinite().all(), f"{name}: {key} not set by reset_parameters"
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=f"{name}: {key}")
-    assert any(not torch.equal(a[key], other[key]) for key in a), f"{name} ignores its generator"
+    if name not in ZERO_INIT:
+        assert any(not torch.equal(a[key], other[key]) for key in a), f"{name} ignores its generator"
+
+
+ZERO_INIT = {"cope"}   # the paper's code starts its position table at zero: nothing to draw
 
 
 # ---- declared capabilities against what each variant really does ----------------------------------
-CAPABILITIES = ["adds_bias", "rotates", "content_dependent", "distance_only", "has_horizon", "linear",
-                "has_score_mod"]
+CAPABILITIES = ["adds_bias", "rotates", "content_dependent", "key_dependent", "input_dependent",
+                "distance_only", "has_horizon", "linear", "has_score_mod"]
 # every variant with its defaults, and with options: the declaration is per class, so it must hold
 # whatever the options (scheme("xl:k=5") is the xl class)
 OPTION_SPECS = ["xl:k=5", "xl:k=5,shared_heads=true", "xl:k=40,log_from=4,log_buckets=3", "xl:k=0",
@@ -241,7 +257,8 @@ OPTION_SPECS = ["xl:k=5", "xl:k=5,shared_heads=true", "xl:k=40,log_from=4,log_bu
                 "t5:num_buckets=8,max_distance=12,bidirectional=true", "t5-log2:max_distance=8",
                 "shaw:k=3", "shaw:k=0", "dynamic:log_distance=false", "dynamic:width=4,depth=1",
                 "fire:width=4,threshold_ratio=0.5", "sandwich:dim=16", "rope:base=100",
-                "xpos:base=100,scale_base=64", "sinusoidal:base=100,scale=0.5"]
+                "xpos:base=100,scale_base=64", "sinusoidal:base=100,scale=0.5", "fox:bias_init=2",
+                "cope:npos_max=5", "dape:base=alibi", "dape:base=kerple,width=4"]
 SPECS = ALL + OPTION_SPECS
 RECT = (24, 100)          # a rectangle, queries the last 24 of 100 positions (past FIRE's threshold)
 LONG = 2 * 1024 + 256     # twice t5-log2's default horizon (1024) and more: every horizon shows
@@ -307,17 +324,26 @@ def measure(spec):
     q_len, k_len = RECT
     q1, q2 = _queries(q_len, 3), _queries(q_len, 4)
     k = torch.randn(2, H, k_len, D, generator=torch.Generator().manual_seed(5))
+    x, x2 = layer_input(enc, 2, k_len, 9), layer_input(enc, 2, k_len, 10)
+    k2 = torch.randn(2, H, k_len, D, generator=torch.Generator().manual_seed(11))
     q_rot, k_rot = enc.rotate(q1, k)
     facts, problems = dict.fromkeys(CAPABILITIES, False), []
     facts["rotates"] = not (torch.equal(q_rot, q1) and torch.equal(k_rot, k))
-    plan = enc.plan(q_len, k_len, q1)
+    plan = enc.plan(q_len, k_len, q1, k, x)
     facts["adds_bias"] = plan is not None
     if plan is None:
         return facts, problems
-    b1, b2 = plan.full(), enc.plan(q_len, k_len, q2).full()      # (H, q, k) or (B, H, q, k)
+
+    def differs(b2):
+        return not torch.equal(b1.expand_as(b2), b2.expand_as(b1))
+
+    b1 = plan.full()                                              # (H, q, k) or (B, H, q, k)
     assert b1.isfinite().all() and b1.std() > 1e-3, f"{spec}: a degenerate bias tests nothing"
-    facts["content_dependent"] = not torch.equal(b1.expand_as(b2), b2.expand_as(b1))
-    if not facts["content_dependent"] and not torch.equal(enc.plan(q_len, k_len).full(), b1):
+    facts["content_dependent"] = differs(enc.plan(q_len, k_len, q2, k, x).full())
+    facts["key_dependent"] = differs(enc.plan(q_len, k_len, q1, k2, x).full())
+    facts["input_dependent"] = differs(enc.plan(q_len, k_len, q1, k, x2).full())
+    batch_dependent = facts["content_dependent"] or facts["key_dependent"] or facts["input_dependent"]
+    if not batch_dependent and not torch.equal(enc.plan(q_len, k_len).full(), b1):
         problems.append("plan without queries differs (the model builds shared plans without q)")
     # distance_only: constant along every diagonal of a rectangle (queries past FIRE's threshold)
     facts["distance_only"] = torch.allclose(b1[..., 1:, 1:], b1[..., :-1, :-1], rtol=0, atol=1e-6)
@@ -337,13 +363,20 @@ def measure(spec):
             (-plan.linear_slopes[:, None, None] * distance).expand_as(b1)[..., causal], b1[..., causal]):
         problems.append("plan.linear_slopes are not the bias's slopes (split-linear uses them)")
     # horizon: measured at a long length (> 2x t5-log2's 1024): every row constant from h <= LONG/2;
-    # the plan must name such a horizon then (and no horizon otherwise), with tail() the constant
-    long_plan = enc.plan(LONG, LONG, _queries(LONG, 6))
-    horizon, tail_ok = _measured_horizon(long_plan, LONG)
-    facts["has_horizon"] = horizon <= LONG // 2
-    plan_horizon = long_plan.horizon is not None and horizon <= long_plan.horizon <= LONG // 2
-    if plan_horizon != facts["has_horizon"] or not tail_ok:
-        problems.append(f"plan horizon {long_plan.horizon} (tail right: {tail_ok}), measured {horizon}")
+    # the plan must name such a horizon then (and no horizon otherwise), with tail() the constant.
+    # Where keys or the layer input move the bias (CoPE's counts saturate at p_max only where the
+    # gates add up), any horizon is the data's, not the scheme's: the split path needs one fixed for
+    # every input, so such a plan names none, and one random input cannot show there is none
+    if facts["key_dependent"] or facts["input_dependent"]:
+        if plan.horizon is not None:
+            problems.append(f"a data-dependent plan names horizon {plan.horizon}")
+    else:
+        long_plan = enc.plan(LONG, LONG, _queries(LONG, 6))
+        horizon, tail_ok = _measured_horizon(long_plan, LONG)
+        facts["has_horizon"] = horizon <= LONG // 2
+        plan_horizon = long_plan.horizon is not None and horizon <= long_plan.horizon <= LONG // 2
+        if plan_horizon != facts["has_horizon"] or not tail_ok:
+            problems.append(f"plan horizon {long_plan.horizon} (tail right: {tail_ok}), measured {horizon}")
     # score_mod: a plan that has one computes the same bias with it
     facts["has_score_mod"] = plan.has_score_mod
     if plan.has_score_mod:
@@ -360,7 +393,8 @@ def measure(spec):
 def test_declared_capability_matches_behaviour(spec, capability):
     """Each class-level declaration, read as backends and commands read it (positions.scheme), is
     what the built variant does: adds_bias <=> plan() is a bias; rotates <=> rotate() changes q or
-    k; content_dependent <=> two query sets give two biases; distance_only <=> the bias is Toeplitz
+    k; content_dependent <=> two query sets give two biases; key_dependent <=> two key sets do;
+    input_dependent <=> two layer inputs do; distance_only <=> the bias is Toeplitz
     on a rectangle; has_horizon <=> at a long length every row is constant beyond some distance;
     linear <=> the causal bias is -slope_h (i - j); has_score_mod <=> the plan has a score_mod."""
     declared = getattr(positions.scheme(spec), capability)
@@ -384,12 +418,13 @@ def test_prepare_plans_from_the_projected_queries_then_rotates(name):
     """prepare() = plan(q) from the queries BEFORE rotate, then rotate; a plan passed in is kept."""
     enc = perturbed(name)
     q, k = _queries(5, 7), torch.randn(2, H, 9, D, generator=torch.Generator().manual_seed(8))
-    q_rot, k_rot, plan = enc.prepare(q, k)
+    x = layer_input(enc, 2, 9)
+    q_rot, k_rot, plan = enc.prepare(q, k, x=x)
     want_q, want_k = enc.rotate(q, k)
     torch.testing.assert_close(q_rot, want_q, rtol=0, atol=0)
     torch.testing.assert_close(k_rot, want_k, rtol=0, atol=0)
     assert (plan is None) == (not enc.adds_bias)
     if plan is not None:
-        torch.testing.assert_close(plan.full(), enc.plan(5, 9, q).full(), rtol=0, atol=0)
-        given = enc.plan(5, 9, _queries(5, 9))
+        torch.testing.assert_close(plan.full(), enc.plan(5, 9, q, k, x).full(), rtol=0, atol=0)
+        given = enc.plan(5, 9, _queries(5, 9), k, x)
         assert enc.prepare(q, k, given)[2] is given

@@ -7,7 +7,7 @@
 """
 
 from relbench.positions import (  # noqa: F401  (importing a module registers its variants)
-    absolute, alibi, dynamic, fire, kerple, rope, sandwich, shaw, t5, transformer_xl, xl, xpos)
+    absolute, alibi, cope, dape, dynamic, fire, fox, kerple, rope, sandwich, shaw, t5, transformer_xl, xl, xpos)
 from relbench.positions.base import (  # noqa: F401
     PositionEncoding,
     RelativeBias,

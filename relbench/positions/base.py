@@ -38,6 +38,8 @@ class PositionEncoding(nn.Module):
     adds_bias: ClassVar[bool] = False        # plan() returns a BiasPlan: a term added to the logits
     rotates: ClassVar[bool] = False          # rotate() transforms q and k (RoPE, xPos, transformer-xl's u)
     content_dependent: ClassVar[bool] = False  # the bias depends on the queries: plan() needs q (Shaw)
+    key_dependent: ClassVar[bool] = False    # the bias depends on the keys: plan() needs k (CoPE, DAPE)
+    input_dependent: ClassVar[bool] = False  # the bias depends on the layer's input: plan() needs x (FoX)
     distance_only: ClassVar[bool] = False    # the bias is a function of i - j alone (a Toeplitz matrix)
     has_horizon: ClassVar[bool] = False      # beyond some distance the bias is constant along a query row
     linear: ClassVar[bool] = False           # the causal bias is exactly -slope_h * (i - j) (ALiBi)
@@ -65,20 +67,26 @@ class PositionEncoding(nn.Module):
         q.k; identity here. Schemes that override it declare `rotates`."""
         return q, k
 
-    def plan(self, q_len: int, k_len: int, q: Tensor | None = None) -> BiasPlan | None:
+    def plan(self, q_len: int, k_len: int, q: Tensor | None = None, k: Tensor | None = None,
+             x: Tensor | None = None) -> BiasPlan | None:
         """The additive logits bias for q_len queries over k_len keys, as a BiasPlan (see
-        positions/plan.py), or None when the scheme adds no bias. `q` (B, H, q_len, D) are the
-        queries as projected, BEFORE `rotate`: a content-dependent scheme (declares
-        `content_dependent`) needs them; the others ignore q, so that one plan can serve every
-        layer that shares the scheme."""
+        positions/plan.py), or None when the scheme adds no bias. `q` (B, H, q_len, D) and `k`
+        (B, H, k_len, D) are the queries and keys as projected, BEFORE `rotate`; `x` (B, k_len,
+        d_model) is the attention layer's input at the key positions (after its LayerNorm). A scheme
+        reads only what it declares (`content_dependent`: q, `key_dependent`: k, `input_dependent`:
+        x); the others ignore them, so that one plan can serve every layer that shares the scheme."""
         return None
 
-    def prepare(self, q: Tensor, k: Tensor, plan: BiasPlan | None = None) -> tuple[Tensor, Tensor, BiasPlan | None]:
+    def prepare(self, q: Tensor, k: Tensor, plan: BiasPlan | None = None,
+                x: Tensor | None = None) -> tuple[Tensor, Tensor, BiasPlan | None]:
         """Everything attention needs from the scheme, in the one order every caller uses: the plan
-        from the projected queries (unless the caller passes one it built for several layers), then
-        the rotation of q and k. Returns (q, k, plan) for `attention.attention`."""
+        from the projected queries and keys and the layer input `x` (unless the caller passes one it
+        built for several layers), then the rotation of q and k. Returns (q, k, plan) for
+        `attention.attention`."""
         if plan is None and self.adds_bias:
-            plan = self.plan(q.shape[-2], k.shape[-2], q)
+            if self.input_dependent and x is None:
+                raise UsageError(f'"{self.name}" computes its bias from the layer input: pass x to prepare()')
+            plan = self.plan(q.shape[-2], k.shape[-2], q, k, x)
         q, k = self.rotate(q, k)
         return q, k, plan
 
@@ -136,7 +144,8 @@ class RelativeBias(PositionEncoding, abc.ABC):
         """(H,) slopes when the causal bias is exactly -slope * (i - j), else None."""
         return None
 
-    def plan(self, q_len: int, k_len: int, q: Tensor | None = None) -> DistancePlan:
+    def plan(self, q_len: int, k_len: int, q: Tensor | None = None, k: Tensor | None = None,
+             x: Tensor | None = None) -> DistancePlan:
         distances = DistancePlan.distances(q_len, k_len, self.device)
         values = self.distance_bias(distances).expand(self.n_heads, -1)     # (H, q_len + k_len - 1)
         return DistancePlan(values, q_len, k_len, self.horizon(), self.linear_slopes())

@@ -201,7 +201,8 @@ class Fire(PositionEncoding):
         slope = slope + (gain * line).sum(-1)
         return const, slope, kinks[inside], gain[:, inside]
 
-    def plan(self, q_len: int, k_len: int, q: Tensor | None = None) -> FirePlan:
+    def plan(self, q_len: int, k_len: int, q: Tensor | None = None, k: Tensor | None = None,
+             x: Tensor | None = None) -> FirePlan:
         return FirePlan(self, q_len, k_len)
 
     def reset_parameters(self, generator: torch.Generator) -> None:

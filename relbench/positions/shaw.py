@@ -76,7 +76,8 @@ class Shaw(PositionEncoding):
         self.k = k
         self.vectors = nn.Parameter(torch.zeros(2 * k + 1, head_dim))  # (2k+1, D): row clamp(j-i)+k
 
-    def plan(self, q_len: int, k_len: int, q: Tensor | None = None) -> ShawPlan:
+    def plan(self, q_len: int, k_len: int, q: Tensor | None = None, k: Tensor | None = None,
+             x: Tensor | None = None) -> ShawPlan:
         if q is None:
             raise UsageError("shaw's bias depends on the queries: build its plan with q")
         products = torch.matmul(q, self.vectors.t().to(q.dtype)) / math.sqrt(self.head_dim)  # (B, H, Lq, 2k+1)

@@ -90,7 +90,8 @@ class TransformerXL(PositionEncoding):
     def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         return q + self.u[:, None, :].to(q.dtype), k      # (a) + (c): (q + u) . k
 
-    def plan(self, q_len: int, k_len: int, q: Tensor | None = None) -> TransformerXLPlan:
+    def plan(self, q_len: int, k_len: int, q: Tensor | None = None, k: Tensor | None = None,
+             x: Tensor | None = None) -> TransformerXLPlan:
         """(b) + (d) from the projected queries q (before `rotate` adds u, as for every scheme)."""
         if q is None:
             raise UsageError("transformer-xl's position terms depend on the queries: build its plan with q")
