@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import torch
 import typer
 
-from relbench import checkpoints, distributed, memory, positions, report, results, tracking
+from relbench import checkpoints, distributed, memory, report, results, tracking
 from relbench import cli_tools  # noqa: F401  (registers variants, profile and inspect)
 from relbench.attention import check, flush_denormals
 from relbench.cli_common import (Attention, ConfigFile, Device, Lengths, Log, MaxTrainTokens, PositionLR, Precision,
@@ -21,6 +21,7 @@ from relbench.cli_common import (Attention, ConfigFile, Device, Lengths, Log, Ma
 from relbench.cli_group import spread_variadic  # noqa: F401  (part of the module's API)
 from relbench.config import EvalConfig, Experiment, ModelConfig, TrainConfig, experiment, read_file, resolve_precision
 from relbench.errors import RelbenchError, UsageError, unknown
+from relbench.positions import forms
 
 
 def _check_training_memory(specs: list[str], model: ModelConfig, train: TrainConfig, preset: str,
@@ -207,16 +208,19 @@ def _extrapolate(run_dir: Path, lengths: list[int] | None, variants: list[str] |
     train_length = int(config["model"]["train_length"])
     specs = variants if variants else config.get("variants", [])
     for spec in specs:
-        positions.parse_spec(spec)
+        forms.parse_form(spec)   # the variant, and the evaluation form after "@" if any
     seeds = unique("seed", seeds) if seeds else config.get("seeds", [0])
     pairs = [(s, seed) for seed in seeds for s in specs]
     trained = distributed.on_main(_finished, run_dir, pairs, bool(variants or config.get("seeds") != seeds))
     model_config = ModelConfig(**config["model"])
-    for spec in dict.fromkeys(s for s, _ in trained):
+    for spec in specs:
+        forms.check_spec(spec, n_heads=model_config.n_heads, head_dim=model_config.head_dim,
+                         d_model=model_config.d_model, train_length=model_config.train_length)
+    for spec in dict.fromkeys(forms.trained_spec(s) for s, _ in trained):
         _check_backend(attention, spec, model_config, target, training=False)
     splits = load_run_splits(config, console)
     for spec, seed in trained:
-        checkpoints.check_tokenizer(results.checkpoint_dir(run_dir, spec, seed), splits.tokenizer)
+        checkpoints.check_tokenizer(results.checkpoint_dir(run_dir, forms.trained_spec(spec), seed), splits.tokenizer)
     lengths = validate_lengths(list(lengths or eval_config.lengths or [m * train_length for m in eval_config.length_multiples]),
                                longest_length(splits.test.size))
     stride = stride if stride is not None else max(1, train_length // 2)
@@ -238,12 +242,14 @@ def _finished(run_dir: Path, pairs: list[tuple[str, int]], named: bool) -> list[
     """The (variant, seed) pairs with a finished checkpoint; an error when there is none, or when
     one that was `named` (by --variants or --seeds) has not finished."""
     trained = [(s, seed) for s, seed in pairs
-               if (checkpoints.read_meta(results.checkpoint_dir(run_dir, s, seed)) or {}).get("finished")]
+               if (checkpoints.read_meta(results.checkpoint_dir(run_dir, forms.trained_spec(s), seed)) or {}).get("finished")]
     missing = [p for p in pairs if p not in trained]
     if named and missing:
         spec, seed = missing[0]
-        raise RelbenchError(f"variant {spec} seed {seed} has no finished checkpoint in {run_dir}; "
-                            f"run `relbench train --run-dir {run_dir} --variants {spec} --seeds {seed}`")
+        base = forms.trained_spec(spec)
+        evaluated = f" (evaluated as {spec})" if base != spec else ""
+        raise RelbenchError(f"variant {base} seed {seed}{evaluated} has no finished checkpoint in {run_dir}; "
+                            f"run `relbench train --run-dir {run_dir} --variants {base} --seeds {seed}`")
     if not trained:
         raise RelbenchError(f"{run_dir} has no trained variant yet; run `relbench train --run-dir {run_dir}`")
     return trained

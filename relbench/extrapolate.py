@@ -28,6 +28,7 @@ from relbench.attention import path_label, recording
 from relbench.errors import RelbenchError
 from relbench.evaluate import ScoredText, effective_stride, position_rows, windows
 from relbench.model import GPT
+from relbench.positions import forms
 from relbench.profile import profile_one
 from relbench.tasks import copy as copy_task
 from relbench.tasks import passkey
@@ -255,11 +256,19 @@ class Tables:
                 results.write_csv(self.run_dir / name, self.frames[name])
 
 
+def checkpoint_of(run_dir: Path, spec: str, seed: int) -> Path:
+    """The checkpoint a spec evaluates: the trained variant's ("rope" for "rope@yarn:factor=16")."""
+    return results.checkpoint_dir(run_dir, forms.trained_spec(spec), seed)
+
+
 def _base(run_dir: Path, spec: str, seed: int) -> dict[str, Any]:
-    meta = checkpoints.read_meta(results.checkpoint_dir(run_dir, spec, seed)) or {}
+    """The fields every row of a spec x seed starts with. `variant` is the spec as given, evaluation
+    form included ("rope@yarn:factor=16": its own rows, table rows and plot lines); `form` is the
+    form alone ("yarn:factor=16", "" for the variant as trained)."""
+    meta = checkpoints.read_meta(checkpoint_of(run_dir, spec, seed)) or {}
     precision = meta.get("train", {}).get("precision") or meta.get("summary", {}).get("precision") or "unknown"
-    return {"variant": spec, "seed": seed, "train_length": meta.get("model", {}).get("train_length"),
-            "precision": precision, "eval_precision": "fp32"}
+    return {"variant": spec, "form": forms.split_spec(spec)[1], "seed": seed,
+            "train_length": meta.get("model", {}).get("train_length"), "precision": precision, "eval_precision": "fp32"}
 
 
 def pair_units(tables: Tables, spec: str, seed: int, base: dict[str, Any], job: Job) -> list[Unit]:
@@ -304,9 +313,11 @@ def perplexity_updates(unit: Unit, model: GPT, base: dict[str, Any], job: Job, t
         row, result = perplexity_row(model, base, job.text, unit.length, mode, job.stride, job.max_batch_tokens,
                                      job.backend, job.device)
         if result is not None:
-            if (unit.spec, unit.length) not in costs:
-                costs[unit.spec, unit.length] = layer_cost(model, unit.length, job.backend, job.device)
-            row.update(costs[unit.spec, unit.length])
+            # the trained scheme's cost, measured once for it and every evaluation form of it
+            cost_key = (forms.trained_spec(unit.spec), unit.length)
+            if cost_key not in costs:
+                costs[cost_key] = layer_cost(model, unit.length, job.backend, job.device)
+            row.update(costs[cost_key])
             key = {k: row[k] for k in ROW_KEY}
             updates.append((POSITIONS_CSV, key, position_rows(result, key)))
         updates.append(tables.row(results.EXTRAPOLATION_CSV, row))
@@ -356,8 +367,9 @@ def extrapolate_run(run_dir: Path, pairs: list[tuple[str, int]], job: Job, conso
             try:
                 if loaded != (unit.spec, unit.seed):   # the previous model is dropped before the next loads
                     model, loaded = None, (unit.spec, unit.seed)
-                    model = checkpoints.load_model(results.checkpoint_dir(run_dir, unit.spec, unit.seed), job.device)
+                    model = checkpoints.load_model(checkpoint_of(run_dir, unit.spec, unit.seed), job.device)
                     model.config.attention = job.backend
+                    forms.apply(model, unit.spec)      # an evaluation form: the weights stay as trained
                 updates, lines = unit_updates(unit, model, job, tables, costs)
             except RelbenchError as failure:
                 error = failure

@@ -9,6 +9,7 @@ notice ("survived") is a gap in the tests.
     python tests/mutation_check.py -k torchrun  # distributed training and evaluation (2 gloo processes each)
     python tests/mutation_check.py -k tokens    # tokenizers and bits per byte;  -k config: experiment files
     python tests/mutation_check.py -k frontier  # the data-dependent biases (FoX, CoPE, DAPE)
+    python tests/mutation_check.py -k forms     # evaluation forms (PI, NTK, YaRN, logn, table forms)
 
 Not collected by pytest (its name does not start with test_); it takes a few minutes.
 """
@@ -34,6 +35,7 @@ DDP = "tests/test_distributed.py::"
 DDP_TRAIN = [DDP + "test_two_processes_train_the_weights_of_one"]
 TOK, CONFIG = "tests/test_tokenizers.py::", "tests/test_config.py::"
 FRONTIER = ["tests/test_frontier.py"]
+FORMS = ["tests/test_forms.py"]
 MUTATIONS = [
     ("bias sign flipped on the reference path", "relbench/attention.py",
      "scores = scores + plan.full().to(scores.dtype)", "scores = scores - plan.full().to(scores.dtype)"),
@@ -138,7 +140,8 @@ MUTATIONS = [
      "    exp.model.vocab_size = splits.tokenizer.vocab_size", "    pass",
      [TOK + "test_tiny_bpe_run_trains_extrapolates_and_reports"]),
     ("tokens: a checkpoint's tokenizer not checked", "relbench/cli.py",
-     "        checkpoints.check_tokenizer(results.checkpoint_dir(run_dir, spec, seed), splits.tokenizer)", "        pass",
+     "        checkpoints.check_tokenizer(results.checkpoint_dir(run_dir, forms.trained_spec(spec), seed), splits.tokenizer)",
+     "        pass",
      [TOK + "test_tiny_bpe_run_trains_extrapolates_and_reports"]),
     ("tokens: extrapolate reads a run's data as bytes", "relbench/data/__init__.py",
      'else data.dataset, data.tokenizer, stream=data.stream,', 'else data.dataset, "bytes", stream=data.stream,',
@@ -164,6 +167,22 @@ MUTATIONS = [
     ("config: config.toml without its [train] table", "relbench/results.py",
      'for k in ("variants", "seeds", "data", "model", "train", "eval")}', 'for k in ("variants", "seeds", "data", "model", "eval")}',
      [CONFIG + "test_config_toml_reproduces_the_run"]),
+    ("forms: PI divides the frequencies by factor + 1", "relbench/positions/rope_forms.py",
+     "return inv_freq / self.scale(enc, length)", "return inv_freq / (self.scale(enc, length) + 1)", FORMS),
+    ("forms: YaRN's attention temperature dropped", "relbench/positions/rope_forms.py",
+     "return yarn_attention_factor(self.scale(enc, length)) ** 2", "return 1.0", FORMS),
+    ("forms: YaRN's ramp the wrong way round (low frequencies kept, high ones interpolated)",
+     "relbench/positions/rope_forms.py", "return ((1 - gamma) * theta / s + gamma * theta).to(inv_freq.dtype)",
+     "return (gamma * theta / s + (1 - gamma) * theta).to(inv_freq.dtype)", FORMS),
+    ("forms: logn also at and below the training length", "relbench/positions/forms.py",
+     "return math.log(length) / math.log(train_length) if length > train_length > 1 else 1.0",
+     "return math.log(length) / math.log(train_length)", FORMS),
+    ("forms: logn scales q.k but not the bias", "relbench/positions/base.py",
+     "plan = None if plan is None else plan.scaled(scale)", "pass", FORMS),
+    ("forms: a scaled plan's far-key constant left unscaled (split path)", "relbench/positions/plan.py",
+     "return None if tail is None else tail * self.factor", "return tail", FORMS),
+    ("forms: extend continues from the row before the last trained one", "relbench/positions/table_forms.py",
+     "edge = enc.table[e + enc.k]", "edge = enc.table[e + enc.k - 1]", FORMS),
     ("config: the file's values under the options, not over them", "relbench/config.py",
      "cls(**{**tables.get(section, {}), **given})", "cls(**{**given, **tables.get(section, {})})",
      [CONFIG + "test_file_over_preset_and_options_over_file"]),

@@ -4,10 +4,12 @@
     positions.names()                          # every registered variant
     enc = positions.build("xl", n_heads=8)     # unknown name -> RelbenchError listing the names
     enc.plan(q_len, k_len)                     # its bias, or None (see positions/plan.py)
+    forms.apply(model, "rope@yarn:factor=16")  # an evaluation form on a trained model (positions/forms.py)
 """
 
-from relbench.positions import (  # noqa: F401  (importing a module registers its variants)
-    absolute, alibi, cope, dape, dynamic, fire, fox, kerple, rope, sandwich, shaw, t5, transformer_xl, xl, xpos)
+from relbench.positions import (  # noqa: F401  (importing a module registers its variants and evaluation forms)
+    absolute, alibi, cope, dape, dynamic, fire, forms, fox, kerple, rope, rope_forms, sandwich, shaw, t5,
+    table_forms, transformer_xl, xl, xpos)
 from relbench.positions.base import (  # noqa: F401
     PositionEncoding,
     RelativeBias,

@@ -12,13 +12,16 @@ from __future__ import annotations
 import abc
 import inspect
 import math
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from relbench.errors import RelbenchError, UsageError, unknown
+from relbench.errors import RelbenchError, UsageError, one_line, unknown
 from relbench.positions.plan import BiasPlan, DistancePlan
+
+if TYPE_CHECKING:
+    from relbench.positions.forms import Form
 
 _REGISTRY: dict[str, type["PositionEncoding"]] = {}
 
@@ -44,6 +47,10 @@ class PositionEncoding(nn.Module):
     has_horizon: ClassVar[bool] = False      # beyond some distance the bias is constant along a query row
     linear: ClassVar[bool] = False           # the causal bias is exactly -slope_h * (i - j) (ALiBi)
     has_score_mod: ClassVar[bool] = False    # the plan can be written as a FlexAttention score_mod
+
+    # an evaluation form (positions/forms.py: YaRN, log-n scaling, ...) set on a trained model's
+    # encodings by `forms.apply`; None: the scheme as trained. It holds no weights.
+    form: Form | None = None
 
     def __init__(self, n_heads: int, head_dim: int, d_model: int, train_length: int):
         super().__init__()
@@ -88,6 +95,10 @@ class PositionEncoding(nn.Module):
                 raise UsageError(f'"{self.name}" computes its bias from the layer input: pass x to prepare()')
             plan = self.plan(q.shape[-2], k.shape[-2], q, k, x)
         q, k = self.rotate(q, k)
+        scale = 1.0 if self.form is None else self.form.logit_scale(self, k.shape[-2])
+        if scale != 1.0:   # a form's temperature: the whole logit, q.k / sqrt(d) + bias, times scale
+            q = q * scale
+            plan = None if plan is None else plan.scaled(scale)
         return q, k, plan
 
     def reset_parameters(self, generator: torch.Generator) -> None:
@@ -147,8 +158,12 @@ class RelativeBias(PositionEncoding, abc.ABC):
     def plan(self, q_len: int, k_len: int, q: Tensor | None = None, k: Tensor | None = None,
              x: Tensor | None = None) -> DistancePlan:
         distances = DistancePlan.distances(q_len, k_len, self.device)
-        values = self.distance_bias(distances).expand(self.n_heads, -1)     # (H, q_len + k_len - 1)
-        return DistancePlan(values, q_len, k_len, self.horizon(), self.linear_slopes())
+        if self.form is None:
+            values, horizon = self.distance_bias(distances), self.horizon()
+        else:   # an evaluation form may read the trained table differently at this length
+            values, horizon = self.form.distance_bias(self, distances, k_len), self.form.horizon(self, k_len)
+        values = values.expand(self.n_heads, -1)                             # (H, q_len + k_len - 1)
+        return DistancePlan(values, q_len, k_len, horizon, self.linear_slopes())
 
     @property
     def device(self) -> torch.device:
@@ -205,6 +220,10 @@ TRAINING_OPTIONS = {"position_lr_scale": _training_option("position_lr_scale", 1
 
 
 def _parse(spec: str) -> tuple[str, dict[str, Any]]:
+    if "@" in spec:    # "rope@yarn:factor=16": a form of a trained variant, for `extrapolate` (positions/forms.py)
+        trained = spec.partition("@")[0].strip()
+        raise UsageError(f'"{one_line(spec)}" is an evaluation form of "{one_line(trained)}": train "{one_line(trained)}" '
+                         f"and give the form to `relbench extrapolate --variants`")
     name, _, rest = spec.strip().partition(":")
     cls = get(name)
     allowed = {**cls.options(), **TRAINING_OPTIONS}
@@ -216,7 +235,7 @@ def _parse(spec: str) -> tuple[str, dict[str, Any]]:
             raise UsageError(f'option "{item}" in variant "{spec}" needs a value: write {key}=VALUE')
         if key not in allowed:
             raise unknown(f'option of "{name}"', key, sorted(allowed))
-        options[key] = _convert(raw.strip(), allowed[key], spec)
+        options[key] = convert_option(raw.strip(), allowed[key], spec)
     if "position_lr_scale" in options and not options["position_lr_scale"] > 0:
         raise UsageError(f'position_lr_scale in variant "{spec}" must be positive')
     return name, options
@@ -234,7 +253,8 @@ def training_options(spec: str) -> dict[str, Any]:
     return {k: v for k, v in _parse(spec)[1].items() if k in TRAINING_OPTIONS}
 
 
-def _convert(raw: str, param: inspect.Parameter, spec: str) -> Any:
+def convert_option(raw: str, param: inspect.Parameter, spec: str) -> Any:
+    """`raw` as the type of `param`'s default (bool, int, float or str), or a UsageError naming `spec`."""
     kind = type(param.default) if param.default is not inspect.Parameter.empty else str
     try:
         if kind is bool:

@@ -122,6 +122,11 @@ class BiasPlan(abc.ABC):
     def requires_grad(self) -> bool:
         """Whether gradients flow into the plan (learned parameters, or queries for Shaw)."""
 
+    def scaled(self, factor: float) -> BiasPlan:
+        """The same plan with every bias value multiplied by `factor` > 0 (an evaluation form's logit
+        temperature, positions/forms.py)."""
+        return ScaledPlan(self, factor)
+
 
 class DistancePlan(BiasPlan):
     """A bias that depends on i - j alone: `values[h, d - first_distance]` for distance d, over every
@@ -152,6 +157,10 @@ class DistancePlan(BiasPlan):
     def requires_grad(self) -> bool:
         return self.values.requires_grad
 
+    def scaled(self, factor: float) -> DistancePlan:
+        slopes = None if self.linear_slopes is None else self.linear_slopes * factor
+        return DistancePlan(self.values * factor, self.q_len, self.k_len, self.horizon, slopes)
+
     def score_mod(self) -> Callable:
         values, shift = self.values, (self.k_len - self.q_len) - self.first_distance
 
@@ -159,3 +168,47 @@ class DistancePlan(BiasPlan):
             return score + values[h, q_idx - kv_idx + shift]
 
         return add_distance_bias
+
+
+class ScaledPlan(BiasPlan):
+    """`factor` x another plan's bias, for every piece a backend asks for. -inf (masked keys) stays
+    -inf since factor > 0. The score_mod rescales the score around the inner one: factor * (score /
+    factor + bias) = score + factor * bias."""
+
+    def __init__(self, inner: BiasPlan, factor: float):
+        if not factor > 0:
+            raise ValueError(f"a plan's bias can only be scaled by a positive factor, got {factor}")
+        super().__init__(inner.n_heads, inner.q_len, inner.k_len)
+        self.inner, self.factor = inner, factor
+        self.horizon = inner.horizon
+        self.linear_slopes = None if inner.linear_slopes is None else inner.linear_slopes * factor
+        self.distance_only = False     # the toeplitz path reads a DistancePlan's values: it scales itself
+        self.flex_trains = inner.flex_trains
+
+    def block(self, q_start: int, q_end: int, k_start: int, k_end: int) -> Tensor:
+        return self.inner.block(q_start, q_end, k_start, k_end) * self.factor
+
+    def causal_block(self, q_start: int, q_end: int, k_end: int) -> Tensor:
+        return self.inner.causal_block(q_start, q_end, k_end) * self.factor
+
+    def tail(self, q_start: int, q_end: int) -> Tensor | None:
+        tail = self.inner.tail(q_start, q_end)
+        return None if tail is None else tail * self.factor
+
+    @property
+    def has_score_mod(self) -> bool:
+        return self.inner.has_score_mod
+
+    def score_mod(self) -> Callable | None:
+        inner, factor = self.inner.score_mod(), self.factor
+        if inner is None:
+            return None
+
+        def scaled_score(score, b, h, q_idx, kv_idx):
+            return inner(score / factor, b, h, q_idx, kv_idx) * factor
+
+        return scaled_score
+
+    @property
+    def requires_grad(self) -> bool:
+        return self.inner.requires_grad

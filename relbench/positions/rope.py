@@ -11,10 +11,18 @@ from relbench.errors import UsageError
 from relbench.positions.base import PositionEncoding, register
 
 
-def rope_angles(positions: Tensor, head_dim: int, base: float = 10000.0) -> tuple[Tensor, Tensor]:
-    """cos and sin, each (len(positions), head_dim // 2), of theta_p,i = p * base^(-2i/head_dim).
-    Computed in float32 whatever the model's dtype (large p * theta loses precision in bf16)."""
-    inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim)
+def rope_frequencies(head_dim: int, base: float = 10000.0, device=None) -> Tensor:
+    """(head_dim // 2,) float32 rotation frequencies theta_i = base^(-2i/head_dim), i = 0 .. D/2 - 1."""
+    return base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
+
+
+def rope_angles(positions: Tensor, head_dim: int, base: float = 10000.0,
+                inv_freq: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """cos and sin, each (len(positions), head_dim // 2), of theta_p,i = p * base^(-2i/head_dim), or
+    p * inv_freq[i] when the frequencies are given. Computed in float32 whatever the model's dtype
+    (large p * theta loses precision in bf16)."""
+    if inv_freq is None:
+        inv_freq = rope_frequencies(head_dim, base, positions.device)
     angle = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # (L, D/2)
     return angle.cos(), angle.sin()
 
@@ -43,9 +51,16 @@ class Rotary(PositionEncoding):
             raise UsageError(f"rope rotates channel pairs and needs an even head dimension, got {head_dim}")
         self.base = base
 
+    def frequencies(self, length: int, device=None) -> Tensor:
+        """(D/2,) float32 frequencies for a sequence of `length`: base^(-2i/D), or what an evaluation
+        form (positions/rope_forms.py: PI, NTK, YaRN, p-RoPE) makes of them at that length."""
+        inv_freq = rope_frequencies(self.head_dim, self.base, device)
+        return inv_freq if self.form is None else self.form.frequencies(self, inv_freq, length)
+
     def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         q_len, k_len = q.shape[-2], k.shape[-2]
-        cos, sin = rope_angles(torch.arange(k_len, device=k.device), self.head_dim, self.base)  # (Lk, D/2)
+        cos, sin = rope_angles(torch.arange(k_len, device=k.device), self.head_dim,
+                               inv_freq=self.frequencies(k_len, k.device))       # (Lk, D/2)
         q_rot = apply_rotary(q, cos[k_len - q_len:], sin[k_len - q_len:])  # queries: last q_len positions
         return q_rot, apply_rotary(k, cos, sin)
 

@@ -36,7 +36,7 @@ class XPos(Rotary):
     def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         q_len, k_len = q.shape[-2], k.shape[-2]
         positions = torch.arange(k_len, device=k.device)
-        cos, sin = rope_angles(positions, self.head_dim, self.base)                   # (Lk, D/2)
+        cos, sin = rope_angles(positions, self.head_dim, inv_freq=self.frequencies(k_len, k.device))  # (Lk, D/2)
         scale = xpos_scale(positions - k_len // 2, self.head_dim, self.scale_base)     # (Lk, D)
         offset = k_len - q_len
         q_rot = apply_rotary(q, cos[offset:], sin[offset:]) * scale[offset:].to(q.dtype)

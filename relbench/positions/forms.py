@@ -1,0 +1,204 @@
+"""Evaluation forms: a trained model's position scheme read differently at evaluation, without
+retraining and without touching its weights (inference-time context extension).
+
+A spec "VARIANT[:options]@FORM[:key=value,...]" names the trained variant and the form applied to it:
+
+    rope@yarn:factor=16      YaRN on the `rope` run's checkpoint (positions/rope_forms.py)
+    rope@pi                  position interpolation, factor = evaluation length / training length
+    alibi@logn               log-length attention scaling, for every scheme (this module)
+    xl@logidx:log_from=8     a clipped table read with log-scaled distances (positions/table_forms.py)
+
+A form is one class registered with `@register_form(name)`. It declares the schemes it applies to
+by their class (`applies_to`: subclasses included), so a new rotary or table variant gets the forms
+of its family; its keyword options, with their defaults, are its `__init__`'s. It changes nothing
+itself: `apply` sets it on the model's encodings (`PositionEncoding.form`), and the encodings ask
+it through three hooks, each the identity by default:
+
+    logit_scale(enc, L)                     every scheme (PositionEncoding.prepare): the whole logit,
+                                            q.k / sqrt(d) + bias, is multiplied by it
+    frequencies(enc, inv_freq, L)           rotary schemes (Rotary.frequencies)
+    distance_bias(enc, d, L), horizon(enc, L)   relative-bias schemes (RelativeBias.plan)
+
+L is the length of the sequence being evaluated: the number of keys of the attention call (in
+`relbench extrapolate`, the evaluation length; a shorter last window uses its own length).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from typing import Any, ClassVar
+
+from torch import Tensor, nn
+
+from relbench.errors import UsageError, one_line, unknown
+from relbench.positions import base
+from relbench.positions.base import PositionEncoding
+
+_FORMS: dict[str, type[Form]] = {}
+
+
+class Form:
+    """Base class: the identity. Subclasses override the hooks their method changes."""
+
+    name: ClassVar[str] = ""
+    applies_to: ClassVar[type[PositionEncoding]] = PositionEncoding   # the schemes (with subclasses) it fits
+    formula: ClassVar[str] = ""           # one line, shown in the README and by `forms_table`
+
+    @classmethod
+    def applies(cls, scheme: type[PositionEncoding]) -> bool:
+        return issubclass(scheme, cls.applies_to)
+
+    @classmethod
+    def options(cls) -> dict[str, inspect.Parameter]:
+        return {n: p for n, p in inspect.signature(cls.__init__).parameters.items() if n != "self"}
+
+    def check(self, enc: PositionEncoding) -> None:
+        """Refuse (UsageError) an encoding of the right class whose options the form cannot read."""
+
+    # ---- hooks --------------------------------------------------------------------------------------
+    def logit_scale(self, enc: PositionEncoding, length: int) -> float:
+        return 1.0
+
+    def frequencies(self, enc: PositionEncoding, inv_freq: Tensor, length: int) -> Tensor:
+        return inv_freq
+
+    def distance_bias(self, enc: PositionEncoding, distance: Tensor, length: int) -> Tensor:
+        return enc.distance_bias(distance)
+
+    def horizon(self, enc: PositionEncoding, length: int) -> int | None:
+        return enc.horizon()
+
+    def __repr__(self) -> str:
+        values = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.options() if hasattr(self, k))
+        return f"{self.name}({values})"
+
+
+def register_form(name: str):
+    """Class decorator: make a Form subclass available as `name` after "@" in a variant spec."""
+
+    def decorate(cls: type[Form]) -> type[Form]:
+        if name in _FORMS:
+            raise ValueError(f"evaluation form {name!r} registered twice")
+        cls.name = name
+        _FORMS[name] = cls
+        return cls
+
+    return decorate
+
+
+def form_names() -> list[str]:
+    return sorted(_FORMS)
+
+
+def get_form(name: str) -> type[Form]:
+    try:
+        return _FORMS[name]
+    except KeyError:
+        raise unknown("evaluation form", name, form_names()) from None
+
+
+def schemes_of(form: type[Form]) -> list[str]:
+    """The registered variants `form` applies to."""
+    return [n for n in base.names() if form.applies(base.get(n))]
+
+
+# ---- specs ------------------------------------------------------------------------------------------
+def split_spec(spec: str) -> tuple[str, str]:
+    """("rope:base=500", "yarn:factor=16") for "rope:base=500@yarn:factor=16"; the form part is ""
+    for a plain variant."""
+    variant, _, form = spec.strip().partition("@")
+    return variant.strip(), form.strip()
+
+
+def trained_spec(spec: str) -> str:
+    """The variant whose checkpoint a spec evaluates: "rope" for "rope@yarn:factor=16"."""
+    return split_spec(spec)[0]
+
+
+def parse_form(spec: str) -> Form | None:
+    """The form a spec names, built from its options, or None for a plain variant. Every refusal is a
+    UsageError of one line: an unknown variant, form or option, a bad value, two forms, or a form
+    that does not apply to the variant's scheme."""
+    variant, text = split_spec(spec)
+    base.parse_spec(variant)          # the trained variant and its options are valid
+    if not text and "@" not in spec:
+        return None
+    if "@" in text:
+        raise UsageError(f'variant "{one_line(spec)}" names more than one evaluation form; give one after "@"')
+    name, _, rest = text.partition(":")
+    cls = get_form(name.strip())
+    scheme = base.scheme(variant)
+    if not cls.applies(scheme):
+        fits = ", ".join(schemes_of(cls)) or "(none)"
+        raise UsageError(f'evaluation form "{cls.name}" does not apply to "{scheme.name}"; it applies to: {fits}')
+    allowed = cls.options()
+    options: dict[str, Any] = {}
+    for item in filter(None, (s.strip() for s in rest.split(","))):
+        key, eq, raw = item.partition("=")
+        key = key.strip()
+        if not eq:
+            raise UsageError(f'option "{one_line(item)}" of form "{cls.name}" in "{one_line(spec)}" needs a value: '
+                             f'write {key}=VALUE')
+        if key not in allowed:
+            raise unknown(f'option of form "{cls.name}"', key, sorted(allowed) or ["(none)"])
+        options[key] = base.convert_option(raw.strip(), allowed[key], spec)
+    return cls(**options)
+
+
+def apply(model: nn.Module, spec: str) -> Form | None:
+    """Set the form `spec` names on every position encoding of `model` (a GPT loaded from the
+    trained variant's checkpoint) and return it; a plain spec leaves the model as it is. The weights
+    are not changed: the form only changes how the encodings read them."""
+    form = parse_form(spec)
+    for enc in model.positions:
+        if form is not None:
+            form.check(enc)
+        enc.form = form
+    return form
+
+
+def check_spec(spec: str, **shape: Any) -> None:
+    """Refuse, before any work, a form that cannot read the trained variant built with this model
+    `shape` (n_heads, head_dim, d_model, train_length): e.g. a table form on a log-bucketed xl."""
+    form = parse_form(spec)
+    if form is not None:
+        form.check(base.build_spec(trained_spec(spec), **shape))
+
+
+def default_factor(factor: float, enc: PositionEncoding, length: int) -> float:
+    """`factor` when given (> 0), else the evaluation length over the training length, at least 1."""
+    if factor:
+        return factor
+    return max(1.0, length / enc.train_length)
+
+
+def positive(name: str, value: float, form: str, allow_zero: bool = True) -> None:
+    if value < 0 or (value == 0 and not allow_zero) or not math.isfinite(value):
+        raise UsageError(f"{name}={value:g} of form \"{form}\" must be positive" + (" (0: the default)" if allow_zero else ""))
+
+
+# ---- the form every scheme takes ---------------------------------------------------------------------
+def logn_scale(length: int, train_length: int) -> float:
+    """log(L) / log(L_train) when L > L_train, else 1 (the model's own attention at and below its
+    training length)."""
+    return math.log(length) / math.log(train_length) if length > train_length > 1 else 1.0
+
+
+@register_form("logn")
+class LogN(Form):
+    """Log-length attention scaling: the logits are multiplied by log(L) / log(L_train) when the
+    sequence is longer than training, so the attention entropy does not grow with the number of keys
+    (Su 2021, "Entropy invariance and the scale of attention", kexue.fm/archives/8823; Chiang and
+    Cholak 2022, "Overcoming a Theoretical Limitation of Self-Attention", scale by log n).
+
+    Both sources scale the whole logit fed to the softmax, q.k / sqrt(d) (their models have no
+    bias term); relbench scales the whole logit of every scheme, q.k / sqrt(d) + bias, so the form
+    is the softmax temperature it is published as (a bias left unscaled would change the relative
+    weight of content and position instead). For content-dependent schemes (shaw, transformer-xl)
+    the query-dependent bias is scaled after it is computed, so u and v are scaled with the rest."""
+
+    formula = "logits x log(L) / log(L_train) for L > L_train"
+
+    def logit_scale(self, enc: PositionEncoding, length: int) -> float:
+        return logn_scale(length, enc.train_length)
