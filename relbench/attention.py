@@ -19,8 +19,9 @@ live in relbench/fused.py; this module holds the interface, the choice of path a
   Far keys go through the fused unbiased kernel in one causal call, the band of near keys gets the
   bias in one batched call of query blocks, and the two are merged by their log-sum-exp. CPU
   inference only; `auto` takes it for Shaw, and for a distance-only bias from L >= 32 x horizon.
-- `split-linear`: the same for a bias linear in distance (alibi): per query block, the bias is a
-  per-key term; the block's own keys and the earlier keys are merged by log-sum-exp.
+- `split-linear`: the same for a separable bias r(i) + c(j) (alibi's linear distance, fox's running
+  sums): per query block the row term cancels and the bias is a per-key term; the block's own keys
+  and the earlier keys are merged by log-sum-exp.
 - `toeplitz`: a bias that depends on i - j alone (xl, t5, alibi, kerple, sandwich, dynamic), with
   the causal mask folded in, given to the fused CPU kernel as a zero-copy strided view of one O(L)
   vector per head (a Hankel matrix over the reversed keys). CPU inference.
@@ -172,7 +173,8 @@ def choose(plan: BiasPlan | None, q: Tensor, k_len: int, grad: bool) -> str:
     # CPU inference: a bias constant beyond a horizon short against the length through the horizon
     # split (its far keys run unbiased; at 4096 xl and t5 1.02-1.09x of unbiased SDPA against the
     # toeplitz view's 1.15-1.17x, and Shaw's content-dependent bias has no other fast path); any
-    # other distance-only bias as a strided view; the rest chunked (resolve names it)
+    # other distance-only bias as a strided view; a separable one (FoX) through the linear split;
+    # the rest chunked (resolve names it)
     if plan.distance_only:
         short = plan.horizon is not None and plan.horizon * SPLIT_HORIZON_RATIO <= k_len
         return "split" if short and split_fits(plan, q, k_len) else "toeplitz"
@@ -182,7 +184,7 @@ def choose(plan: BiasPlan | None, q: Tensor, k_len: int, grad: bool) -> str:
 def resolve(backend: str, plan: BiasPlan | None, q: Tensor, k_len: int, grad: bool) -> str:
     """The path (PATH_NAMES) that `backend` runs for this plan and these queries. `auto` picks the
     backend (`choose`); `split` is the horizon split where it has far keys, the linear split for
-    ALiBi, and otherwise what the split would compute anyway: sdpa without a bias, chunked for a
+    a separable bias (ALiBi, FoX), and otherwise what the split would compute anyway: sdpa without a bias, chunked for a
     short, non-square or non-CPU call."""
     if backend == "auto":
         backend = choose(plan, q, k_len, grad)
@@ -197,7 +199,7 @@ def resolve(backend: str, plan: BiasPlan | None, q: Tensor, k_len: int, grad: bo
                          "for the bias); train with --attention auto or chunked")
     if backend == "toeplitz":
         return "toeplitz" if plan.distance_only and q.device.type == "cpu" else "chunked"
-    if plan.linear_slopes is not None and q.shape[-2] == k_len and q.device.type == "cpu":
+    if plan.separable and q.shape[-2] == k_len and q.device.type == "cpu":
         return "split-linear"
     return "split" if split_fits(plan, q, k_len) else "chunked"
 
@@ -220,9 +222,10 @@ def check(backend: str, position: PositionEncoding | type[PositionEncoding] | No
             raise UsageError(f"the {backend} backend is for inference only; train with --attention auto or chunked")
         if device.type != "cpu":
             raise UsageError(f"the {backend} backend runs on CPU; on CUDA use --attention flex or auto")
-    if backend == "split" and position is not None and position.adds_bias and not (position.has_horizon or position.linear):
-        raise UsageError(f'the split backend needs a bias that is constant beyond some distance or linear in '
-                         f'it; "{position.name}" is neither: use --attention toeplitz, chunked or auto')
+    if backend == "split" and position is not None and position.adds_bias and not (position.has_horizon or position.separable):
+        raise UsageError(f'the split backend needs a bias that is constant beyond some distance or separable '
+                         f'(a per-row plus a per-key term); "{position.name}" is neither: use --attention '
+                         f'toeplitz, chunked or auto')
     if backend == "toeplitz" and position is not None and position.adds_bias and not position.distance_only:
         raise UsageError(f'the toeplitz backend needs a bias that depends on i - j alone; "{position.name}" '
                          f'does not: use --attention chunked or auto')

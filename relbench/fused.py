@@ -143,30 +143,32 @@ def linear_block(length: int) -> int:
 
 
 def split_linear_attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan, block: int | None = None) -> Tensor:
-    """bias = -m (i - j) = m (j - s) - m (i - s) for a query block starting at s: the second term is
-    the same for every key of a row, so it cancels; the first is a per-key bias, broadcast over rows.
-    Within a block (keys s .. s+block) the masked bias is the same tile for every block."""
+    """A separable bias, r(i) + c(j) on causal pairs (BiasPlan.key_terms): ALiBi's -m (i - j) =
+    m (j - s) - m (i - s), FoX's F_i - F_j = (F_s - F_j) + (F_i - F_s). For a query block starting at
+    s the row term is the same for every key of a row, so it cancels in the softmax; what is left is
+    one per-key vector c(j) - c(s), broadcast over the rows: over the earlier keys a (.., 1, keys)
+    mask, over the block's own keys a (block x block) tile with the causal -inf. The two are merged
+    by log-sum-exp. Anchoring at s keeps the per-key values small near the block."""
     n = q.shape[-2]
-    if plan.linear_slopes is None or n != k.shape[-2] or q.device.type != "cpu":
-        raise ValueError("the split-linear path needs square CPU attention with a linear bias (plan.linear_slopes)")
-    slopes = plan.linear_slopes.to(q.dtype)
+    if not plan.separable or n != k.shape[-2] or q.device.type != "cpu":
+        raise ValueError("the split-linear path needs square CPU attention with a separable bias (plan.key_terms)")
     block = linear_block(n) if block is None else block
     out = torch.empty_like(q)
-    offsets = torch.arange(block, device=q.device, dtype=q.dtype)                       # j - s in a block
-    near_tile = (slopes[:, None, None] * offsets[None, None, :]).expand(-1, block, -1)   # (H, block, block)
-    near_tile = _four_d(near_tile.masked_fill(causal_mask(block, block, q.device), float("-inf")))
+    future = causal_mask(block, block, q.device)
     for start in range(0, n, block):
         end = min(n, start + block)
         size = end - start
-        near_out, near_lse = _attend_lse(q[..., start:end, :], k[..., start:end, :], v[..., start:end, :],
-                                         near_tile[..., :size, :size])
+        terms = plan.key_terms(start, end).to(q.dtype)                                   # (H or B,H, end): c(j) - c(s)
+        terms = terms if terms.dim() == 3 else terms[None]
+        near = terms[..., None, start:end].expand(*terms.shape[:2], size, size).masked_fill(future[:size, :size],
+                                                                                             float("-inf"))
+        near_out, near_lse = _attend_lse(q[..., start:end, :], k[..., start:end, :], v[..., start:end, :], near)
         if start == 0:
             out[..., :end, :] = near_out
             continue
-        keys = torch.arange(-start, 0, device=q.device, dtype=q.dtype)                 # j - s for j < s
-        far_bias = (slopes[:, None] * keys[None, :])[None, :, None, :]                # (1, H, 1, start)
-        far_out, far_lse = _attend_lse(q[..., start:end, :], k[..., :start, :], v[..., :start, :], far_bias)
-        out[..., start:end, :] = _merge(near_out, near_lse, far_out, far_lse)
+        far_out, far_lse = _attend_lse(q[..., start:end, :], k[..., :start, :], v[..., :start, :],
+                                       terms[..., None, :start])                      # (1 or B, H, 1, start)
+        _merge(near_out, near_lse, far_out, far_lse, out=out[..., start:end, :])
     return out
 
 

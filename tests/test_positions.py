@@ -249,7 +249,7 @@ ZERO_INIT = {"cope"}   # the paper's code starts its position table at zero: not
 
 # ---- declared capabilities against what each variant really does ----------------------------------
 CAPABILITIES = ["adds_bias", "rotates", "content_dependent", "key_dependent", "input_dependent",
-                "distance_only", "has_horizon", "linear", "has_score_mod"]
+                "distance_only", "has_horizon", "linear", "separable", "has_score_mod"]
 # every variant with its defaults, and with options: the declaration is per class, so it must hold
 # whatever the options (scheme("xl:k=5") is the xl class)
 OPTION_SPECS = ["xl:k=5", "xl:k=5,shared_heads=true", "xl:k=40,log_from=4,log_buckets=3", "xl:k=0",
@@ -362,6 +362,19 @@ def measure(spec):
     elif plan.linear_slopes is not None and not torch.allclose(
             (-plan.linear_slopes[:, None, None] * distance).expand_as(b1)[..., causal], b1[..., causal]):
         problems.append("plan.linear_slopes are not the bias's slopes (split-linear uses them)")
+    # separable: bias = r(i) + c(j) on causal pairs with c not constant (a constant bias needs no
+    # split): r from key 0 (before every query), c from the last row (after every key)
+    r, c = b1[..., :, :1], b1[..., -1:, :] - b1[..., -1:, :1]
+    atol = 1e-6 * (10 + float(b1[..., causal].abs().amax()))     # r + c rounds at the scale of the largest term
+    facts["separable"] = (torch.allclose((r + c).expand_as(b1)[..., causal], b1[..., causal], rtol=0, atol=atol)
+                          and bool((c - c[..., :1]).abs().amax() > 1e-4))
+    if plan.separable != facts["separable"]:
+        problems.append(f"plan.separable is {plan.separable} on a bias with separable={facts['separable']}")
+    elif plan.separable:
+        for anchor in (0, k_len - q_len, k_len - 2):   # the key terms the split-linear path reads, any anchor
+            expected = b1[..., -1, :] - b1[..., -1, anchor:anchor + 1]
+            if not torch.allclose(plan.key_terms(anchor, k_len).expand_as(expected), expected, rtol=0, atol=atol):
+                problems.append(f"plan.key_terms({anchor}) are not the bias's per-key terms")
     # horizon: measured at a long length (> 2x t5-log2's 1024): every row constant from h <= LONG/2;
     # the plan must name such a horizon then (and no horizon otherwise), with tail() the constant.
     # Where keys or the layer input move the bias (CoPE's counts saturate at p_max only where the
@@ -396,7 +409,8 @@ def test_declared_capability_matches_behaviour(spec, capability):
     k; content_dependent <=> two query sets give two biases; key_dependent <=> two key sets do;
     input_dependent <=> two layer inputs do; distance_only <=> the bias is Toeplitz
     on a rectangle; has_horizon <=> at a long length every row is constant beyond some distance;
-    linear <=> the causal bias is -slope_h (i - j); has_score_mod <=> the plan has a score_mod."""
+    linear <=> the causal bias is -slope_h (i - j); separable <=> it is r(i) + c(j) with c not
+    constant; has_score_mod <=> the plan has a score_mod."""
     declared = getattr(positions.scheme(spec), capability)
     assert getattr(perturbed(spec), capability) == declared
     facts, _ = measure(spec)

@@ -37,6 +37,7 @@ class ALiBi(RelativeBias):
     formula = "b = -m_h * |i - j|, m_h = 2^(-8h/H)"
     shared_across_layers = True
     linear = True
+    separable = True
 
     def __init__(self, n_heads: int, head_dim: int, d_model: int, train_length: int):
         super().__init__(n_heads, head_dim, d_model, train_length)

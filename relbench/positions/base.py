@@ -46,6 +46,7 @@ class PositionEncoding(nn.Module):
     distance_only: ClassVar[bool] = False    # the bias is a function of i - j alone (a Toeplitz matrix)
     has_horizon: ClassVar[bool] = False      # beyond some distance the bias is constant along a query row
     linear: ClassVar[bool] = False           # the causal bias is exactly -slope_h * (i - j) (ALiBi)
+    separable: ClassVar[bool] = False        # the causal bias is r(i) + c(j), c not constant (ALiBi, FoX)
     has_score_mod: ClassVar[bool] = False    # the plan can be written as a FlexAttention score_mod
 
     # an evaluation form (positions/forms.py: YaRN, log-n scaling, ...) set on a trained model's

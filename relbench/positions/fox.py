@@ -43,6 +43,8 @@ def anchored_log_forget(log_f: Tensor, anchor: int, lo: int, hi: int) -> Tensor:
 class ForgetPlan(BiasPlan):
     """sum_{t = j+1 .. i} log f_t, held as the (B, H, k_len) log forget gates of every position."""
 
+    separable = True       # F_i - F_j: a per-row plus a per-key term (CPU inference: split-linear)
+
     def __init__(self, log_f: Tensor, q_len: int, k_len: int):
         super().__init__(log_f.shape[1], q_len, k_len)
         self.log_f = log_f                                                          # (B, H, k_len)
@@ -60,6 +62,10 @@ class ForgetPlan(BiasPlan):
         bias = g[..., q_start:q_end, None] - g[..., None, :]                        # (B, H, bq, k_end)
         return bias.masked_fill_(distance_grid(q_start, q_end, 0, k_end, bias.device) < 0, float("-inf"))
 
+    def key_terms(self, anchor: int, k_end: int) -> Tensor:
+        """F_i - F_j = (F_anchor - F_j) + (F_i - F_anchor): c(j) - c(anchor) = -G_j, the sums anchored there."""
+        return -anchored_log_forget(self.log_f, anchor, 0, k_end)                  # (B, H, k_end)
+
     @property
     def requires_grad(self) -> bool:
         return self.log_f.requires_grad
@@ -74,6 +80,7 @@ class ForgettingGate(PositionEncoding):
     shared_across_layers = False
     adds_bias = True
     input_dependent = True
+    separable = True
 
     def __init__(self, n_heads: int, head_dim: int, d_model: int, train_length: int, bias_init: float = 0.0):
         super().__init__(n_heads, head_dim, d_model, train_length)

@@ -72,6 +72,7 @@ class BiasPlan(abc.ABC):
     horizon: int | None = None          # for i - j >= horizon, every key of a query row gets tail()
     linear_slopes: Tensor | None = None  # bias == -slope_h * (i - j) for all i >= j (ALiBi)
     distance_only: bool = False          # block() depends on i - j only (the same tile for every block)
+    separable: bool = False              # causal bias = r(i) + c(j): key_terms() gives c (ALiBi, FoX)
     flex_trains: bool = True             # FlexAttention's backward compiles for this score_mod (auto uses it)
 
     def __init__(self, n_heads: int, q_len: int, k_len: int):
@@ -122,6 +123,12 @@ class BiasPlan(abc.ABC):
     def requires_grad(self) -> bool:
         """Whether gradients flow into the plan (learned parameters, or queries for Shaw)."""
 
+    def key_terms(self, anchor: int, k_end: int) -> Tensor:
+        """(H or B,H, k_end): c(j) - c(anchor) for keys j < k_end, where a separable plan's causal bias
+        is r(i) + c(j) (ALiBi, FoX): bias(i, j) - bias(i, anchor) for every query i at or after both.
+        Only for plans that declare `separable` (the split-linear path reads it)."""
+        raise NotImplementedError(f"{type(self).__name__} is not separable")
+
     def scaled(self, factor: float) -> BiasPlan:
         """The same plan with every bias value multiplied by `factor` > 0 (an evaluation form's logit
         temperature, positions/forms.py)."""
@@ -141,6 +148,12 @@ class DistancePlan(BiasPlan):
         self.first_distance = 1 - q_len
         self.horizon = horizon if horizon is not None and horizon < k_len else None
         self.linear_slopes = linear_slopes
+        self.separable = linear_slopes is not None
+
+    def key_terms(self, anchor: int, k_end: int) -> Tensor:
+        """-m (i - j) = m (j - anchor) - m (i - anchor): c(j) - c(anchor) = m (j - anchor)."""
+        offsets = torch.arange(k_end, device=self.linear_slopes.device, dtype=self.linear_slopes.dtype) - anchor
+        return self.linear_slopes[:, None] * offsets                          # (H, k_end)
 
     @staticmethod
     def distances(q_len: int, k_len: int, device=None) -> Tensor:
@@ -182,6 +195,7 @@ class ScaledPlan(BiasPlan):
         self.inner, self.factor = inner, factor
         self.horizon = inner.horizon
         self.linear_slopes = None if inner.linear_slopes is None else inner.linear_slopes * factor
+        self.separable = inner.separable
         self.distance_only = False     # the toeplitz path reads a DistancePlan's values: it scales itself
         self.flex_trains = inner.flex_trains
 
@@ -190,6 +204,9 @@ class ScaledPlan(BiasPlan):
 
     def causal_block(self, q_start: int, q_end: int, k_end: int) -> Tensor:
         return self.inner.causal_block(q_start, q_end, k_end) * self.factor
+
+    def key_terms(self, anchor: int, k_end: int) -> Tensor:
+        return self.inner.key_terms(anchor, k_end) * self.factor
 
     def tail(self, q_start: int, q_end: int) -> Tensor | None:
         tail = self.inner.tail(q_start, q_end)
