@@ -45,7 +45,18 @@ def _experiment(preset: str | None, config: Path | None, variants: list[str] | N
     """The experiment of a command: preset < --config file < the options given (`sections`: the
     options of each of data/model/train/eval; None values are not given), with its variants and seeds."""
     exp = experiment(preset, config, sections)
-    return exp, all_variants(variants or exp.variants), unique("seed", seeds or exp.seeds or [0])
+    if variants or not exp.variants:
+        specs = all_variants(variants)
+    else:   # a preset's or file's list may name evaluation forms ("rope@yarn"): bench evaluates them
+        specs = unique("variant", exp.variants)
+        for spec in specs:
+            forms.parse_form(spec)
+    return exp, specs, unique("seed", seeds or exp.seeds or [0])
+
+
+def trained_variants(specs: list[str]) -> list[str]:
+    """The variants to train for these specs: each evaluation form's trained variant, once."""
+    return list(dict.fromkeys(forms.trained_spec(spec) for spec in specs))
 
 
 def _train(run_dir: Path, exp: Experiment, specs: list[str], seeds: list[int], device: str, force: bool,
@@ -123,6 +134,7 @@ def train_command(
         data={"dataset": dataset, "tokenizer": tokenizer, "stream": stream, "max_train_tokens": max_train_tokens},
         train={"steps": steps, "batch_size": batch_size, "lr": lr, "attention": attention, "precision": precision,
                **position_lr_overrides(position_lr_scale)})
+    specs = trained_variants(specs)
     if dry_run:
         return _dry_run(exp, specs, seeds, device)
     with results.RunLock(run_dir):
@@ -333,14 +345,14 @@ def bench_command(
 ) -> None:
     """Train, extrapolate and report in one go (default: the quick preset on the embedded corpus).
 
-    Example: relbench bench        (all 16 variants, lengths 256 1024 4096; after its first training steps it
+    Example: relbench bench        (the quick preset's 16 variants, lengths 256 1024 4096; after its first training steps it
     prints how long the training should take on this machine; the README quotes measured times per CPU)
              relbench bench --config examples/three-schemes.toml
     """
     exp, specs, seeds = _experiment(preset, config, variants, train=position_lr_overrides(position_lr_scale),
                                     data={"tokenizer": tokenizer, "max_train_tokens": max_train_tokens})
     with results.RunLock(run_dir):
-        _train(run_dir, exp, specs, seeds, device, False, log)
+        _train(run_dir, exp, trained_variants(specs), seeds, device, False, log)
         _extrapolate(run_dir, lengths, specs, "auto", None, device, seeds,
                      eval_overrides=read_file(config).get("eval") if config is not None else None)
         _report(run_dir)
