@@ -218,7 +218,7 @@ def _extrapolate(run_dir: Path, lengths: list[int] | None, variants: list[str] |
         raise UsageError(f"--trials must be positive, got {trials}")
     target = resolve_device(device)
     train_length = int(config["model"]["train_length"])
-    specs = variants if variants else config.get("variants", [])
+    specs = variants if variants else config.get("variants", []) + list(config.get("finetune", {}))
     for spec in specs:
         forms.parse_form(spec)   # the variant, and the evaluation form after "@" if any
     seeds = unique("seed", seeds) if seeds else config.get("seeds", [0])
@@ -228,7 +228,7 @@ def _extrapolate(run_dir: Path, lengths: list[int] | None, variants: list[str] |
     for spec in specs:
         forms.check_spec(spec, n_heads=model_config.n_heads, head_dim=model_config.head_dim,
                          d_model=model_config.d_model, train_length=model_config.train_length)
-    for spec in dict.fromkeys(forms.trained_spec(s) for s, _ in trained):
+    for spec in dict.fromkeys(forms.scheme_spec(s) for s, _ in trained):
         _check_backend(attention, spec, model_config, target, training=False)
     splits = load_run_splits(config, console)
     for spec, seed in trained:
@@ -260,8 +260,11 @@ def _finished(run_dir: Path, pairs: list[tuple[str, int]], named: bool) -> list[
         spec, seed = missing[0]
         base = forms.trained_spec(spec)
         evaluated = f" (evaluated as {spec})" if base != spec else ""
+        length = forms.finetune_length(spec)
+        fix = (f"relbench train --run-dir {run_dir} --variants {base}" if length is None else
+               f"relbench finetune --run-dir {run_dir} --length {length} --variants {forms.scheme_spec(spec)}")
         raise RelbenchError(f"variant {base} seed {seed}{evaluated} has no finished checkpoint in {run_dir}; "
-                            f"run `relbench train --run-dir {run_dir} --variants {base} --seeds {seed}`")
+                            f"run `{fix} --seeds {seed}`")
     if not trained:
         raise RelbenchError(f"{run_dir} has no trained variant yet; run `relbench train --run-dir {run_dir}`")
     return trained
@@ -307,6 +310,40 @@ def extrapolate_command(
     with results.RunLock(run_dir):
         _extrapolate(run_dir, lengths, variants or file.get("variants"), attention, eval_tokens, device,
                      seeds or file.get("seeds"), mode, stride, force, task, trials, file.get("eval"))
+
+
+@app.command("finetune")
+def finetune_command(
+    length: Annotated[int, typer.Option(help="Target length: fine-tune at this many tokens per sequence (longer "
+                                        "than training).")],
+    steps: Annotated[int, typer.Option(help="Fine-tuning steps (PI used 1000, YaRN 400).")],
+    variants: Annotated[list[str] | None, typer.Option(help="Trained variants to fine-tune (default: every one "
+                                                       "with a finished checkpoint that can reach --length).")] = None,
+    seeds: Annotated[list[int] | None, typer.Option(help="Seeds (default: every trained seed).")] = None,
+    lr: Annotated[float | None, typer.Option(help="Peak learning rate (default: the variant's training peak, with "
+                                             "its position multiplier).")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Sequences per step (default: training's tokens per step "
+                                                   "/ --length).")] = None,
+    run_dir: RunDir = results.DEFAULT_RUN_DIR,
+    device: Device = "auto",
+    force: Annotated[bool, typer.Option(help="Fine-tune again checkpoints already fine-tuned at --length.")] = False,
+) -> None:
+    """Continue training every trained variant at a longer length; `extrapolate` then evaluates
+    VARIANT+ftLENGTH beside VARIANT and `report` shows zero-shot against fine-tuned.
+
+    Fresh AdamW, training's schedule over --steps (short warm-up), batches by training's rule continued
+    after its last step; writes RUN/checkpoints/VARIANT+ftLENGTH-seedS/ and RUN/finetune.csv. Ctrl-C
+    saves a resumable state; running the same command again resumes.
+
+    Example: relbench finetune --length 1024 --steps 200 && relbench extrapolate --lengths 256 1024 4096
+    """
+    from relbench.finetune import finetune_run
+
+    results.require_run(run_dir)
+    target = resolve_device(device)
+    with results.RunLock(run_dir):
+        finetune_run(run_dir, length, steps, variants, unique("seed", seeds) if seeds else None, lr, batch_size,
+                     target, force, console)
 
 
 @app.command("report")

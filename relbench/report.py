@@ -18,7 +18,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from relbench import checkpoints, results
+from relbench import checkpoints, finetune, results
 from relbench.config import run_data
 from relbench.errors import RelbenchError
 from relbench.stats import summarize, unresolved
@@ -288,6 +288,10 @@ def render(run_dir: Path, console: Console, plots: bool = True) -> dict[str, Pat
             bits = bits_table(summary, protocol)
             if bits is not None:
                 sections.append((f"Bits per byte, {protocol}", *bits))
+            tuned = finetune.comparison_table(summary, rows, protocol)
+            if tuned is not None:
+                sections.append((f"Fine-tuning to the target length: perplexity zero-shot -> after fine-tuning, "
+                                 f"{protocol}", *tuned))
     for name, title in tasks:
         render_table = overview.copy_table if name == "copy.csv" else overview.passkey_table
         sections.append((title, *render_table(results.read_csv(run_dir / name))))

@@ -272,6 +272,9 @@ def write_config(run_dir: Path, config: dict[str, Any], description: str) -> Non
               **{k: config[k] for k in ("variants", "seeds", "data", "model", "train", "eval")}}
     header = (f"# The resolved configuration of this run, written by relbench {__version__}. Reproduce it with\n"
               f"#   relbench train --config {Path(run_dir) / CONFIG_TOML} --run-dir NEW_RUN_DIR\n")
+    if config.get("finetune"):   # not part of the training run: the commands that made its fine-tuned checkpoints
+        header += "# and its fine-tuned checkpoints (relbench/finetune.py) with\n" + "".join(
+            f"#   {entry['command']}\n" for entry in config["finetune"].values())
     atomic_write_text(Path(run_dir) / CONFIG_TOML, to_toml(tables, header))
 
 
@@ -298,6 +301,8 @@ def record_run(run_dir: Path, config: dict[str, Any], specs: list[str], seeds: l
         known = old.get("variants", [])
         config["variants"] = known + [s for s in specs if s not in known]
         config["seeds"] = sorted(set(old.get("seeds", [])) | set(seeds))
+        if old.get("finetune"):
+            config["finetune"] = old["finetune"]
     config["environment"] = environment(str(device))
     write_config(run_dir, config, description)
     return config

@@ -10,8 +10,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import signal
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +29,7 @@ from relbench.errors import RelbenchError
 from relbench.memory import is_out_of_memory
 from relbench.inspect import attention_logit_max
 from relbench.model import GPT
+from relbench.stopping import Diverged, Interrupted, StopRequest
 
 
 def lr_at(step: int, config: TrainConfig) -> float:
@@ -126,47 +125,6 @@ def validation_loss(model: GPT, batches: list[tuple[torch.Tensor, torch.Tensor |
     return total / count
 
 
-class StopRequest:
-    """While active, SIGINT (Ctrl-C) and SIGTERM ask training to stop at the end of the current step,
-    after saving a resumable checkpoint; a second signal stops at once."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self):
-        self.signum: int | None = None
-        self._old: dict[int, Any] = {}
-
-    def _handle(self, signum, frame) -> None:
-        if self.signum is not None:
-            raise KeyboardInterrupt
-        self.signum = signum
-
-    def __enter__(self) -> "StopRequest":
-        if threading.current_thread() is threading.main_thread():
-            self._old = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for s, handler in self._old.items():
-            signal.signal(s, handler)
-
-
-class Interrupted(RelbenchError):
-    """Training stopped on a signal after saving where it was; running it again resumes."""
-
-    prefix = ""  # the message starts with "interrupted:"
-
-    def __init__(self, message: str, signum: int):
-        super().__init__(message)
-        self.exit_code = 128 + signum   # 130 for SIGINT, 143 for SIGTERM
-
-
-class Diverged(Exception):
-    def __init__(self, step: int, loss: float):
-        super().__init__(f"loss {loss} at step {step}")
-        self.step, self.loss = step, loss
-
-
 def forward_backward(model: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
                      weights: torch.Tensor | None, device: torch.device, config: TrainConfig,
                      step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -187,11 +145,26 @@ def forward_backward(model: torch.nn.Module, optimizer: torch.optim.Optimizer, x
     return loss, torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
 
 
+@dataclasses.dataclass(frozen=True)
+class Continuation:
+    """Training that starts from a finished model instead of the seed's initialisation (`relbench
+    finetune`, relbench/finetune.py): its weights, the length of every batch (the model's own
+    train_length, which shapes its scheme, stays as trained) and where the batches continue the data
+    order: step s trains on the batch of the training rule's step `data_offset + s` at `length`.
+    `identity` joins the resume check, so a resume.pt saved for other settings is refused."""
+    weights: dict[str, torch.Tensor]
+    length: int
+    data_offset: int
+    identity: dict[str, Any]
+    command: str = "relbench finetune"
+
+
 def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, splits: Splits, device: torch.device,
                   progress: Progress | None = None, folder: Path | None = None,
                   stop: StopRequest | None = None,
                   on_pace: Callable[[float], None] | None = None,
-                  on_row: Callable[[dict[str, Any]], None] | None = None) -> tuple[GPT, list[dict[str, Any]], dict[str, Any]]:
+                  on_row: Callable[[dict[str, Any]], None] | None = None,
+                  start: Continuation | None = None) -> tuple[GPT, list[dict[str, Any]], dict[str, Any]]:
     """Train variant `spec`; returns the model, the loss-curve rows and a summary.
 
     With a checkpoint `folder`, a resumable state is saved there every `checkpoint_every` steps and
@@ -203,14 +176,20 @@ def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, spl
     Under torchrun every rank draws the whole batch of a step and computes its share of the rows
     (DistributedDataParallel averages the gradients), so N processes make the update one process
     makes, up to the order of float sums. The loss they log and test for divergence, the validation
-    loss and the decision to stop are the same on every rank; rank 0 saves."""
+    loss and the decision to stop are the same on every rank; rank 0 saves.
+
+    With `start` (a Continuation) the model starts from its weights, with a fresh optimiser, and
+    trains and validates at its length; steps, rows and the schedule count from 0 as in training."""
     model_config = dataclasses.replace(model_config, position=spec, attention=config.attention)
     scale, scale_source = position_lr(spec, config)
     config = dataclasses.replace(config, position_lr_scale=scale)
     model = GPT(model_config, seed=config.seed).to(device)
+    if start is not None:
+        model.load_state_dict(start.weights)
     model.train()
     optimizer = make_optimizer(model, config)
-    identity = {"model": to_dict(model_config), "train": to_dict(config)}
+    identity = {"model": to_dict(model_config), "train": to_dict(config),
+                **({"start": start.identity} if start is not None else {})}
     state: dict[str, Any] = {"step": 0, "rows": [], "running": 0.0, "running_n": 0, "val": float("nan"),
                              "elapsed": 0.0, "max_logit": 0.0, "identity": identity}
     resume = distributed.on_main(checkpoints.load_resume, folder) if folder is not None else None
@@ -223,9 +202,9 @@ def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, spl
         state = resume["state"]
     trained = distributed.wrap(model, device)        # the model itself in one process
     train_tokens = torch.from_numpy(splits.train)
-    val_batches = validation_batches(torch.from_numpy(splits.validation), config, model_config.train_length,
-                                     splits.tokenizer)
-    tokens_per_step = config.batch_size * model_config.train_length
+    length, data_offset = (start.length, start.data_offset) if start is not None else (model_config.train_length, 0)
+    val_batches = validation_batches(torch.from_numpy(splits.validation), config, length, splits.tokenizer)
+    tokens_per_step = config.batch_size * length
     log_every = max(1, config.steps // 50)
     task = progress.add_task(spec, total=config.steps, completed=state["step"], loss="-", val="-", speed="-") \
         if progress else None
@@ -237,7 +216,7 @@ def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, spl
         lr = lr_at(step, config)
         for group in optimizer.param_groups:
             group["lr"] = lr * group["lr_scale"]
-        x, y, weights = training_batch(train_tokens, step, config, model_config.train_length, splits.tokenizer)
+        x, y, weights = training_batch(train_tokens, data_offset + step, config, length, splits.tokenizer)
         loss, grad_norm = forward_backward(trained, optimizer, x, y, weights, device, config, step)
         if step == config.steps - 1:  # what reaches the position parameters at the end, after clipping
             position_grads = {name: p.grad.norm().item()
@@ -281,7 +260,8 @@ def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, spl
                 checkpoints.save_resume(folder, model, optimizer, state)
         if signum and not last:
             raise Interrupted(f"interrupted: {spec} seed {config.seed} stopped at step {done} of {config.steps} and "
-                              f"saved in {folder}; run the same `relbench train` again to resume", signum)
+                              f"saved in {folder}; run the same `{start.command if start else 'relbench train'}` again to resume",
+                              signum)
     seconds = state["elapsed"] + time.perf_counter() - started
     summary = {"variant": spec, "seed": config.seed, "steps": config.steps, "val_loss": state["val"],
                "position_lr_scale": scale, "position_lr_source": scale_source, "precision": config.precision,
@@ -371,7 +351,7 @@ def train_run(run_dir: Path, specs: list[str], seeds: list[int], run_config: dic
                         "tokenizer": splits.tokenizer.name, "tokenizer_fingerprint": splits.tokenizer.fingerprint,
                         "train": to_dict(dataclasses.replace(train_config, position_lr_scale=summary["position_lr_scale"]))}
                 if distributed.is_main():
-                    _append_train_rows(Path(run_dir) / results.TRAIN_CSV, spec, seed, rows)
+                    append_rows(Path(run_dir) / results.TRAIN_CSV, spec, seed, rows)
                     checkpoints.save_checkpoint(folder, model, meta)
                 progress.console.print(f"{label}: validation loss {summary['val_loss']:.4f} after {summary['steps']} "
                                        f"steps, {summary['train_seconds']:.0f} s, {summary['tokens_per_s']:,.0f} tokens/s")
@@ -381,7 +361,7 @@ def train_run(run_dir: Path, specs: list[str], seeds: list[int], run_config: dic
     return summaries
 
 
-def _append_train_rows(path: Path, spec: str, seed: int, rows: list[dict[str, Any]]) -> None:
+def append_rows(path: Path, spec: str, seed: int, rows: list[dict[str, Any]]) -> None:
     new = pd.DataFrame(rows)
     if path.is_file():
         old = results.read_csv(path)

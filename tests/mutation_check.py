@@ -10,6 +10,7 @@ notice ("survived") is a gap in the tests.
     python tests/mutation_check.py -k tokens    # tokenizers and bits per byte;  -k config: experiment files
     python tests/mutation_check.py -k frontier  # the data-dependent biases (FoX, CoPE, DAPE)
     python tests/mutation_check.py -k forms     # evaluation forms (PI, NTK, YaRN, logn, table forms)
+    python tests/mutation_check.py -k finetune  # fine-tuning to the target length (relbench finetune)
 
 Not collected by pytest (its name does not start with test_); it takes a few minutes.
 """
@@ -36,6 +37,7 @@ DDP_TRAIN = [DDP + "test_two_processes_train_the_weights_of_one"]
 TOK, CONFIG = "tests/test_tokenizers.py::", "tests/test_config.py::"
 FRONTIER = ["tests/test_frontier.py"]
 FORMS = ["tests/test_forms.py"]
+FINETUNE = ["tests/test_finetune.py"]
 MUTATIONS = [
     ("bias sign flipped on the reference path", "relbench/attention.py",
      "scores = scores + plan.full().to(scores.dtype)", "scores = scores - plan.full().to(scores.dtype)"),
@@ -190,6 +192,18 @@ MUTATIONS = [
      "return None if tail is None else tail * self.factor", "return tail", FORMS),
     ("forms: extend continues from the row before the last trained one", "relbench/positions/table_forms.py",
      "edge = enc.table[e + enc.k]", "edge = enc.table[e + enc.k - 1]", FORMS),
+    ("finetune: batches at the training length, not --length", "relbench/train.py",
+     "(start.length, start.data_offset) if start is not None", "(model_config.train_length, start.data_offset) if start is not None",
+     FINETUNE),
+    ("finetune: the data order restarts at step 0 instead of continuing training's", "relbench/train.py",
+     "training_batch(train_tokens, data_offset + step, config", "training_batch(train_tokens, step, config", FINETUNE),
+    ("finetune: starts from the seed's initialisation, not the checkpoint", "relbench/train.py",
+     "        model.load_state_dict(start.weights)", "        pass", FINETUNE),
+    ("finetune: --lr ignored (the training peak always)", "relbench/finetune.py",
+     "lr=lr or train.lr,", "lr=train.lr,", FINETUNE),
+    ("finetune: writes over the original checkpoint", "relbench/finetune.py",
+     "label, folder = f\"{entry} seed {seed}\", results.checkpoint_dir(run_dir, entry, seed)",
+     "label, folder = f\"{entry} seed {seed}\", results.checkpoint_dir(run_dir, spec, seed)", FINETUNE),
     ("config: the file's values under the options, not over them", "relbench/config.py",
      "cls(**{**tables.get(section, {}), **given})", "cls(**{**given, **tables.get(section, {})})",
      [CONFIG + "test_file_over_preset_and_options_over_file"]),

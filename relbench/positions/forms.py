@@ -8,6 +8,9 @@ A spec "VARIANT[:options]@FORM[:key=value,...]" names the trained variant and th
     alibi@logn               log-length attention scaling, for every scheme (this module)
     xl@logidx:log_from=8     a clipped table read with log-scaled distances (positions/table_forms.py)
 
+The part before "@" names a checkpoint: a trained variant ("rope"), or one fine-tuned at a longer
+length by `relbench finetune` ("rope+ft1024", relbench/finetune.py), which keeps its variant's scheme.
+
 A form is one class registered with `@register_form(name)`. It declares the schemes it applies to
 by their class (`applies_to`: subclasses included), so a new rotary or table variant gets the forms
 of its family; its keyword options, with their defaults, are its `__init__`'s. It changes nothing
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import re
 from typing import Any, ClassVar
 
 from torch import Tensor, nn
@@ -112,15 +116,37 @@ def split_spec(spec: str) -> tuple[str, str]:
 
 
 def trained_spec(spec: str) -> str:
-    """The variant whose checkpoint a spec evaluates: "rope" for "rope@yarn:factor=16"."""
+    """The checkpoint a spec evaluates: "rope" for "rope@yarn:factor=16", "rope+ft1024" for
+    "rope+ft1024@yarn" (the fine-tuned checkpoint)."""
     return split_spec(spec)[0]
+
+
+FINETUNED = re.compile(r"^(?P<variant>.+)\+ft(?P<length>[0-9]+)$")
+
+
+def finetuned_spec(variant: str, length: int) -> str:
+    """The checkpoint of `variant` fine-tuned at `length` (relbench finetune): "rope+ft1024"."""
+    return f"{variant}+ft{length}"
+
+
+def scheme_spec(spec: str) -> str:
+    """The variant spec the model was built from: "rope" for "rope", "rope@pi" and "rope+ft1024@yarn"."""
+    trained = trained_spec(spec)
+    match = FINETUNED.match(trained)
+    return match["variant"] if match else trained
+
+
+def finetune_length(spec: str) -> int | None:
+    """The length the checkpoint of `spec` was fine-tuned at, or None for a checkpoint as trained."""
+    match = FINETUNED.match(trained_spec(spec))
+    return int(match["length"]) if match else None
 
 
 def parse_form(spec: str) -> Form | None:
     """The form a spec names, built from its options, or None for a plain variant. Every refusal is a
     UsageError of one line: an unknown variant, form or option, a bad value, two forms, or a form
     that does not apply to the variant's scheme."""
-    variant, text = split_spec(spec)
+    text, variant = split_spec(spec)[1], scheme_spec(spec)
     base.parse_spec(variant)          # the trained variant and its options are valid
     if not text and "@" not in spec:
         return None
@@ -163,7 +189,7 @@ def check_spec(spec: str, **shape: Any) -> None:
     `shape` (n_heads, head_dim, d_model, train_length): e.g. a table form on a log-bucketed xl."""
     form = parse_form(spec)
     if form is not None:
-        form.check(base.build_spec(trained_spec(spec), **shape))
+        form.check(base.build_spec(scheme_spec(spec), **shape))
 
 
 def default_factor(factor: float, enc: PositionEncoding, length: int) -> float:

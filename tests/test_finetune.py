@@ -1,0 +1,228 @@
+"""relbench finetune: continue finished checkpoints at a longer length, beside the originals, and
+compare zero-shot with fine-tuned in extrapolate and report."""
+
+import hashlib
+import os
+import shutil
+import signal
+
+import pandas as pd
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from relbench import checkpoints, results, train
+from relbench.batches import training_batch
+from relbench.cli import app
+from relbench.config import TrainConfig
+from relbench.finetune import batch_size_for, warmup_for
+
+runner = CliRunner()
+STEPS, LENGTH = 3, 64      # tiny preset: train length 32, batch 8; fine-tuning at 2x: batch 4, the same tokens per step
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def sha256(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def originals(run_dir) -> dict[str, str]:
+    files = [run_dir / results.TRAIN_CSV]
+    for spec in ("rope", "alibi", "learned"):
+        folder = results.checkpoint_dir(run_dir, spec, 0)
+        files += [folder / checkpoints.MODEL_FILE, folder / checkpoints.META_FILE]
+    return {str(f.relative_to(run_dir)): sha256(f) for f in files}
+
+
+def weights(run_dir, spec: str) -> dict[str, torch.Tensor]:
+    return torch.load(results.checkpoint_dir(run_dir, spec, 0) / checkpoints.MODEL_FILE, weights_only=True)
+
+
+def curve(run_dir) -> pd.DataFrame:
+    return pd.read_csv(run_dir / "finetune.csv").drop(columns=["elapsed_s", "tokens_per_s"])
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("trained")
+    result = run("train", "--preset", "tiny", "--steps", STEPS, "--variants", "rope", "alibi", "learned",
+                 "--run-dir", run_dir)
+    assert result.exit_code == 0, result.output
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def tuned(trained, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("tuned") / "run"
+    shutil.copytree(trained, run_dir)
+    before = originals(run_dir)
+    result = run("finetune", "--length", LENGTH, "--steps", STEPS, "--run-dir", run_dir)
+    assert result.exit_code == 0, result.output
+    assert "learned: left out" in " ".join(result.output.split())   # it cannot represent 64 positions
+    assert originals(run_dir) == before
+    return run_dir
+
+
+def test_finetune_writes_new_checkpoints_beside_untouched_originals(tuned):
+    for spec in ("rope", "alibi"):
+        meta = checkpoints.read_meta(results.checkpoint_dir(tuned, f"{spec}+ft{LENGTH}", 0))
+        assert meta["finished"] and meta["variant"] == f"{spec}+ft{LENGTH}"
+        assert meta["finetune"] == {"from": spec, "length": LENGTH, "steps": STEPS, "lr": 3e-3, "batch_size": 4,
+                                    "warmup_steps": 1, "data_offset": STEPS, "source_sha256":
+                                    checkpoints.read_meta(results.checkpoint_dir(tuned, spec, 0))["sha256"]}
+        assert meta["model"]["train_length"] == 32 and meta["model"]["position"] == spec   # the model as trained
+        before, after = weights(tuned, spec), weights(tuned, f"{spec}+ft{LENGTH}")
+        assert before.keys() == after.keys()
+        assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert not results.checkpoint_dir(tuned, f"learned+ft{LENGTH}", 0).exists()
+    log = pd.read_csv(tuned / "finetune.csv")
+    assert sorted(set(log["variant"])) == ["alibi+ft64", "rope+ft64"] and (log["length"] == LENGTH).all()
+    assert sorted(log[log["variant"] == "rope+ft64"]["step"]) == [1, 2, 3]
+    assert (log["tokens"] == log["step"] * 4 * LENGTH).all()
+    config = results.read_json(tuned / results.CONFIG)
+    assert config["finetune"]["rope+ft64"]["command"].startswith(f"relbench finetune --run-dir {tuned} --length 64 "
+                                                                 f"--steps 3 --variants rope --seeds 0")
+    assert "--variants rope --seeds 0" in (tuned / results.CONFIG_TOML).read_text()
+
+
+def test_the_first_batch_is_the_training_rule_continued_at_the_new_length(trained):
+    """Step 0 of fine-tuning reads windows of LENGTH + 1 tokens from a generator seeded by (seed,
+    training steps + 0), the documented rule, written out here by hand."""
+    from relbench.data import load_run_splits
+
+    splits = load_run_splits(results.read_json(trained / results.CONFIG))
+    tokens = torch.from_numpy(splits.train)
+    config = TrainConfig(batch_size=4, seed=0)
+    x, y, _ = training_batch(tokens, STEPS + 0, config, LENGTH, splits.tokenizer)
+    generator = torch.Generator().manual_seed(0 * 1_000_003 + STEPS)
+    starts = torch.randint(0, tokens.numel() - LENGTH, (4,), generator=generator)
+    for row, start in enumerate(starts.tolist()):
+        assert torch.equal(x[row], tokens[start: start + LENGTH].long())
+        assert torch.equal(y[row], tokens[start + 1: start + LENGTH + 1].long())
+
+
+def test_fine_tuned_weights_are_a_hand_driven_continuation(tuned):
+    """Load the original checkpoint, take a fresh optimiser and run the documented steps (batches of the
+    training rule from step STEPS on at LENGTH, training's schedule over STEPS steps with one warm-up
+    step) through training's own step functions: the weights are those finetune saved, bit for bit."""
+    from relbench.data import load_run_splits
+
+    splits = load_run_splits(results.read_json(tuned / results.CONFIG))
+    tokens = torch.from_numpy(splits.train)
+    meta = checkpoints.read_meta(results.checkpoint_dir(tuned, "rope", 0))
+    config = TrainConfig(**{**meta["train"], "steps": STEPS, "batch_size": 4, "warmup_steps": 1})
+    model = checkpoints.load_model(results.checkpoint_dir(tuned, "rope", 0)).train()
+    optimizer = train.make_optimizer(model, config)
+    for step in range(STEPS):
+        for group in optimizer.param_groups:
+            group["lr"] = train.lr_at(step, config) * group["lr_scale"]
+        x, y, w = training_batch(tokens, STEPS + step, config, LENGTH, splits.tokenizer)
+        train.forward_backward(model, optimizer, x, y, w, torch.device("cpu"), config, step)
+        train.optimizer_step(model, optimizer)
+    got = weights(tuned, "rope+ft64")
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, got[name]), name
+
+
+def test_interrupted_finetune_resumes_to_the_uninterrupted_weights(trained, tuned, tmp_path, monkeypatch):
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained, run_dir)
+    original = train.optimizer_step
+    calls = {"n": 0}
+
+    def step_then_signal(model, optimizer):
+        original(model, optimizer)
+        calls["n"] += 1
+        if calls["n"] == 1:     # SIGTERM after the first step: finetune saves a resume.pt and stops
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(train, "optimizer_step", step_then_signal)
+    result = run("finetune", "--length", LENGTH, "--steps", STEPS, "--variants", "rope", "--run-dir", run_dir)
+    assert result.exit_code == 143, result.output
+    assert "interrupted:" in result.output and "relbench finetune" in result.output
+    folder = results.checkpoint_dir(run_dir, "rope+ft64", 0)
+    assert checkpoints.load_resume(folder)["state"]["step"] == 1 and checkpoints.read_meta(folder) is None
+    monkeypatch.undo()
+    result = run("finetune", "--length", LENGTH, "--steps", STEPS, "--variants", "rope", "--run-dir", run_dir)
+    assert result.exit_code == 0, result.output
+    expected, got = weights(tuned, "rope+ft64"), weights(run_dir, "rope+ft64")
+    for name in expected:
+        assert torch.equal(expected[name], got[name]), name
+    pd.testing.assert_frame_equal(curve(tuned).query("variant == 'rope+ft64'").reset_index(drop=True), curve(run_dir))
+    again = run("finetune", "--length", LENGTH, "--steps", STEPS, "--variants", "rope", "--run-dir", run_dir)
+    assert again.exit_code == 0 and "already fine-tuned" in again.output
+
+
+def test_extrapolate_evaluates_both_and_the_report_compares_them(tuned, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(tuned, run_dir)
+    result = run("extrapolate", "--run-dir", run_dir, "--lengths", 32, 64)
+    assert result.exit_code == 0, result.output
+    rows = pd.read_csv(run_dir / "extrapolation.csv").set_index(["variant", "length"])
+    assert sorted(set(rows.index.get_level_values(0))) == ["alibi", "alibi+ft64", "learned", "rope", "rope+ft64"]
+    assert rows.loc[("rope+ft64", 64), "finetune_length"] == 64 and rows.loc[("rope+ft64", 64), "finetune_steps"] == 3
+    assert rows.loc[("rope", 64), "finetune_length"] == 0 and rows.loc[("rope", 64), "finetune_steps"] == 0
+    assert rows.loc[("rope+ft64", 64), "ppl"] != rows.loc[("rope", 64), "ppl"]
+    # an evaluation form on the fine-tuned checkpoint is an entry of its own
+    result = run("extrapolate", "--run-dir", run_dir, "--lengths", 64, "--variants", "rope+ft64@ntk:factor=2")
+    assert result.exit_code == 0, result.output
+    result = run("report", "--run-dir", run_dir)
+    assert result.exit_code == 0, result.output
+    report = (run_dir / "report.md").read_text()
+    assert "## Fine-tuning to the target length" in report
+    ppl = {(v, n): f"{rows.loc[(v, n), 'ppl']:.3f}" for v in ("rope", "rope+ft64") for n in (32, 64)}
+    assert (f"| rope | 64, 3 steps | {ppl['rope', 32]} -> {ppl['rope+ft64', 32]} | "
+            f"{ppl['rope', 64]} -> {ppl['rope+ft64', 64]} |") in report
+
+
+def test_lr_and_batch_size_options_are_the_ones_used(trained, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained, run_dir)
+    result = run("finetune", "--length", 96, "--steps", 2, "--variants", "alibi", "--lr", 1e-3, "--batch-size", 3,
+                 "--run-dir", run_dir)
+    assert result.exit_code == 0, result.output
+    log = pd.read_csv(run_dir / "finetune.csv")
+    assert log["lr"].iloc[0] == pytest.approx(1e-3)            # one warm-up step: step 1 at the peak
+    assert list(log["tokens"]) == [3 * 96, 2 * 3 * 96]
+    record = checkpoints.read_meta(results.checkpoint_dir(run_dir, "alibi+ft96", 0))["finetune"]
+    assert record["lr"] == 1e-3 and record["batch_size"] == 3 and record["length"] == 96
+
+
+def test_train_again_keeps_the_fine_tuned_record(tuned, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(tuned, run_dir)
+    result = run("train", "--preset", "tiny", "--steps", STEPS, "--variants", "xl", "--run-dir", run_dir)
+    assert result.exit_code == 0, result.output
+    assert "rope+ft64" in results.read_json(run_dir / results.CONFIG)["finetune"]
+
+
+def one_line_error(result, code, *fragments):
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == code, result.output
+    assert len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in result.output, result.output
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_errors_are_one_line(trained, tmp_path):
+    one_line_error(run("finetune", "--length", 64, "--steps", 3, "--variants", "xl", "--run-dir", trained), 1,
+                   "variant xl seed 0 has no finished checkpoint", f"relbench train --run-dir {trained} --variants xl")
+    one_line_error(run("finetune", "--length", 32, "--steps", 3, "--run-dir", trained), 2,
+                   "--length 32 is not longer than the training length 32")
+    one_line_error(run("finetune", "--length", 64, "--steps", 3, "--variants", "learned", "--run-dir", trained), 2,
+                   "learned represents positions below 32 only")
+    one_line_error(run("finetune", "--length", 64, "--steps", 0, "--run-dir", trained), 2, "must be positive")
+    one_line_error(run("finetune", "--length", 64, "--steps", 3, "--run-dir", tmp_path / "nope"), 1, "does not exist")
+    one_line_error(run("extrapolate", "--run-dir", trained, "--lengths", 64, "--variants", "alibi+ft128"), 1,
+                   f"relbench finetune --run-dir {trained} --length 128 --variants alibi --seeds 0")
+
+
+def test_default_batch_keeps_the_tokens_per_step_and_warmup_is_short():
+    assert batch_size_for(8, 32, 64) == (4, "")
+    batch, note = batch_size_for(8, 32, 96)
+    assert batch == 2 and "192 tokens per step; training took 256" in note
+    assert batch_size_for(8, 32, 512)[0] == 1
+    assert warmup_for(50, 200) == 20 and warmup_for(5, 3) == 1 and warmup_for(5, 1000) == 5
