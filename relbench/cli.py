@@ -5,58 +5,22 @@ others are in cli_tools.py, the shared options and checks in cli_common.py."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Annotated, Any
 
-import torch
 import typer
 
-from relbench import checkpoints, distributed, memory, report, results, tracking
+from relbench import checkpoints, distributed, report, results, tracking
 from relbench import cli_tools  # noqa: F401  (registers variants, profile and inspect)
 from relbench.attention import check, flush_denormals
 from relbench.cli_common import (Attention, ConfigFile, Device, Lengths, Log, MaxTrainTokens, PositionLR, Precision,
                                  Preset, RunDir, Stream, TokenizerName, TrainAttention, Variants, _check_backend,
-                                 all_variants, app, console, position_lr_overrides, resolve_device, unique)
+                                 _check_training_memory, _experiment, all_variants, app, console, position_lr_overrides,
+                                 resolve_device, trained_variants, unique)
 from relbench.cli_group import spread_variadic  # noqa: F401  (part of the module's API)
-from relbench.config import EvalConfig, Experiment, ModelConfig, TrainConfig, experiment, read_file, resolve_precision
+from relbench.config import EvalConfig, Experiment, ModelConfig, experiment, read_file, resolve_precision
 from relbench.errors import RelbenchError, UsageError, unknown
 from relbench.positions import forms
-
-
-def _check_training_memory(specs: list[str], model: ModelConfig, train: TrainConfig, preset: str,
-                           device: torch.device) -> None:
-    """Refuse a batch or length the device cannot hold, naming the hungriest variant, before any work.
-    Under torchrun each process holds its share of the batch, and the processes on one node share its RAM."""
-    rows, share = distributed.per_rank(train.batch_size), distributed.sharing(device)
-    shared = f" in {share} processes sharing its memory" if share > 1 else ""
-    memory.require(memory.model_bytes(model) * share, device, f"a model of d_model {model.d_model} x "
-                   f"{model.n_layers} layers{shared}", "use a smaller preset")
-    need = {spec: memory.training_bytes(dataclasses.replace(model, position=spec, attention=train.attention),
-                                        rows, train.precision) * share for spec in specs}
-    hungriest = max(need, key=need.get)
-    memory.require(need[hungriest], device, f"training {hungriest} at {distributed.batch_text(train.batch_size)} x "
-                   f"--train-length {model.train_length} (preset {preset}){shared}",
-                   "use a smaller --batch-size or --train-length")
-
-
-def _experiment(preset: str | None, config: Path | None, variants: list[str] | None = None,
-                seeds: list[int] | None = None, **sections: dict[str, Any]) -> tuple[Experiment, list[str], list[int]]:
-    """The experiment of a command: preset < --config file < the options given (`sections`: the
-    options of each of data/model/train/eval; None values are not given), with its variants and seeds."""
-    exp = experiment(preset, config, sections)
-    if variants or not exp.variants:
-        specs = all_variants(variants)
-    else:   # a preset's or file's list may name evaluation forms ("rope@yarn"): bench evaluates them
-        specs = unique("variant", exp.variants)
-        for spec in specs:
-            forms.parse_form(spec)
-    return exp, specs, unique("seed", seeds or exp.seeds or [0])
-
-
-def trained_variants(specs: list[str]) -> list[str]:
-    """The variants to train for these specs: each evaluation form's trained variant, once."""
-    return list(dict.fromkeys(forms.trained_spec(spec) for spec in specs))
 
 
 def _train(run_dir: Path, exp: Experiment, specs: list[str], seeds: list[int], device: str, force: bool,

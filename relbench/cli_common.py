@@ -1,9 +1,10 @@
 """What every relbench command shares: the app, the console, option types and the checks of
-variants, devices and backends. Commands live in cli.py (train, tune-lr, extrapolate, report,
+variants, devices, backends and memory, and how a command reads its experiment. Commands live in cli.py (train, tune-lr, extrapolate, report,
 bench) and cli_tools.py (variants, profile, inspect)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -11,11 +12,12 @@ import torch
 import typer
 from rich.console import Console
 
-from relbench import distributed, positions
+from relbench import distributed, memory, positions
 from relbench.attention import BACKENDS, check
 from relbench.cli_group import Group
-from relbench.config import PRECISIONS, ModelConfig
+from relbench.config import PRECISIONS, Experiment, ModelConfig, TrainConfig, experiment
 from relbench.errors import UsageError
+from relbench.positions import forms
 
 console = Console()
 
@@ -115,3 +117,36 @@ def position_lr_overrides(value: str | None) -> dict[str, Any]:
     return {"position_lr_scale": scale}
 
 
+def _check_training_memory(specs: list[str], model: ModelConfig, train: TrainConfig, preset: str,
+                           device: torch.device) -> None:
+    """Refuse a batch or length the device cannot hold, naming the hungriest variant, before any work.
+    Under torchrun each process holds its share of the batch, and the processes on one node share its RAM."""
+    rows, share = distributed.per_rank(train.batch_size), distributed.sharing(device)
+    shared = f" in {share} processes sharing its memory" if share > 1 else ""
+    memory.require(memory.model_bytes(model) * share, device, f"a model of d_model {model.d_model} x "
+                   f"{model.n_layers} layers{shared}", "use a smaller preset")
+    need = {spec: memory.training_bytes(dataclasses.replace(model, position=spec, attention=train.attention),
+                                        rows, train.precision) * share for spec in specs}
+    hungriest = max(need, key=need.get)
+    memory.require(need[hungriest], device, f"training {hungriest} at {distributed.batch_text(train.batch_size)} x "
+                   f"--train-length {model.train_length} (preset {preset}){shared}",
+                   "use a smaller --batch-size or --train-length")
+
+
+def _experiment(preset: str | None, config: Path | None, variants: list[str] | None = None,
+                seeds: list[int] | None = None, **sections: dict[str, Any]) -> tuple[Experiment, list[str], list[int]]:
+    """The experiment of a command: preset < --config file < the options given (`sections`: the
+    options of each of data/model/train/eval; None values are not given), with its variants and seeds."""
+    exp = experiment(preset, config, sections)
+    if variants or not exp.variants:
+        specs = all_variants(variants)
+    else:   # a preset's or file's list may name evaluation forms ("rope@yarn"): bench evaluates them
+        specs = unique("variant", exp.variants)
+        for spec in specs:
+            forms.parse_form(spec)
+    return exp, specs, unique("seed", seeds or exp.seeds or [0])
+
+
+def trained_variants(specs: list[str]) -> list[str]:
+    """The variants to train for these specs: each evaluation form's trained variant, once."""
+    return list(dict.fromkeys(forms.trained_spec(spec) for spec in specs))
