@@ -23,7 +23,51 @@ from relbench.positions.plan import BiasPlan, DistancePlan
 if TYPE_CHECKING:
     from relbench.positions.forms import Form
 
-_REGISTRY: dict[str, type["PositionEncoding"]] = {}
+class Registry:
+    """Named classes of one kind (position variants; evaluation forms in positions/forms.py): a class
+    decorator that registers, the sorted names, and a lookup that refuses an unknown name in one line."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self._classes: dict[str, type] = {}
+
+    def register(self, name: str):
+        def decorate(cls):
+            if name in self._classes:
+                raise ValueError(f"{self.kind} {name!r} registered twice")
+            cls.name = name
+            self._classes[name] = cls
+            return cls
+
+        return decorate
+
+    def names(self) -> list[str]:
+        return sorted(self._classes)
+
+    def get(self, name: str) -> type:
+        try:
+            return self._classes[name]
+        except KeyError:
+            raise unknown(self.kind, name, self.names()) from None
+
+
+def parse_options(text: str, allowed: dict[str, inspect.Parameter], spec: str, where: str, label: str) -> dict[str, Any]:
+    """The typed options of "key=value,key=value" (`text`, from `spec`), each a parameter in `allowed`:
+    a missing value ("... `where` needs a value"), an unknown key (`label`, with the allowed ones) and a
+    bad value are each refused in one line."""
+    options: dict[str, Any] = {}
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        key, eq, raw = item.partition("=")
+        key = key.strip()
+        if not eq:
+            raise UsageError(f'option "{one_line(item)}" {where} needs a value: write {key}=VALUE')
+        if key not in allowed:
+            raise unknown(label, key, sorted(allowed) or ["(none)"])
+        options[key] = convert_option(raw.strip(), allowed[key], spec)
+    return options
+
+
+_REGISTRY: Registry = Registry("position variant")
 
 
 class PositionEncoding(nn.Module):
@@ -175,28 +219,17 @@ class RelativeBias(PositionEncoding, abc.ABC):
 
 def register(name: str):
     """Class decorator: make a PositionEncoding subclass available as `name`."""
-
-    def decorate(cls: type[PositionEncoding]) -> type[PositionEncoding]:
-        if name in _REGISTRY:
-            raise ValueError(f"position variant {name!r} registered twice")
-        cls.name = name
-        _REGISTRY[name] = cls
-        return cls
-
-    return decorate
+    return _REGISTRY.register(name)
 
 
 def names() -> list[str]:
     """Sorted names of every registered variant."""
-    return sorted(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def get(name: str) -> type[PositionEncoding]:
     """The class registered as `name`; an unknown name raises a UsageError listing the names."""
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise unknown("position variant", name, names()) from None
+    return _REGISTRY.get(name)
 
 
 def build(name: str, n_heads: int = 8, head_dim: int = 64, d_model: int | None = None,
@@ -227,16 +260,8 @@ def _parse(spec: str) -> tuple[str, dict[str, Any]]:
                          f"and give the form to `relbench extrapolate --variants`")
     name, _, rest = spec.strip().partition(":")
     cls = get(name)
-    allowed = {**cls.options(), **TRAINING_OPTIONS}
-    options: dict[str, Any] = {}
-    for item in filter(None, (s.strip() for s in rest.split(","))):
-        key, eq, raw = item.partition("=")
-        key = key.strip()
-        if not eq:
-            raise UsageError(f'option "{item}" in variant "{spec}" needs a value: write {key}=VALUE')
-        if key not in allowed:
-            raise unknown(f'option of "{name}"', key, sorted(allowed))
-        options[key] = convert_option(raw.strip(), allowed[key], spec)
+    options = parse_options(rest, {**cls.options(), **TRAINING_OPTIONS}, spec, f'in variant "{spec}"',
+                            f'option of "{name}"')
     if "position_lr_scale" in options and not options["position_lr_scale"] > 0:
         raise UsageError(f'position_lr_scale in variant "{spec}" must be positive')
     return name, options

@@ -35,11 +35,11 @@ from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
-from relbench.errors import UsageError, one_line, unknown
+from relbench.errors import UsageError, one_line
 from relbench.positions import base
 from relbench.positions.base import PositionEncoding
 
-_FORMS: dict[str, type[Form]] = {}
+_FORMS: base.Registry = base.Registry("evaluation form")
 
 
 class Form:
@@ -80,26 +80,15 @@ class Form:
 
 def register_form(name: str):
     """Class decorator: make a Form subclass available as `name` after "@" in a variant spec."""
-
-    def decorate(cls: type[Form]) -> type[Form]:
-        if name in _FORMS:
-            raise ValueError(f"evaluation form {name!r} registered twice")
-        cls.name = name
-        _FORMS[name] = cls
-        return cls
-
-    return decorate
+    return _FORMS.register(name)
 
 
 def form_names() -> list[str]:
-    return sorted(_FORMS)
+    return _FORMS.names()
 
 
 def get_form(name: str) -> type[Form]:
-    try:
-        return _FORMS[name]
-    except KeyError:
-        raise unknown("evaluation form", name, form_names()) from None
+    return _FORMS.get(name)
 
 
 def schemes_of(form: type[Form]) -> list[str]:
@@ -158,17 +147,8 @@ def parse_form(spec: str) -> Form | None:
     if not cls.applies(scheme):
         fits = ", ".join(schemes_of(cls)) or "(none)"
         raise UsageError(f'evaluation form "{cls.name}" does not apply to "{scheme.name}"; it applies to: {fits}')
-    allowed = cls.options()
-    options: dict[str, Any] = {}
-    for item in filter(None, (s.strip() for s in rest.split(","))):
-        key, eq, raw = item.partition("=")
-        key = key.strip()
-        if not eq:
-            raise UsageError(f'option "{one_line(item)}" of form "{cls.name}" in "{one_line(spec)}" needs a value: '
-                             f'write {key}=VALUE')
-        if key not in allowed:
-            raise unknown(f'option of form "{cls.name}"', key, sorted(allowed) or ["(none)"])
-        options[key] = base.convert_option(raw.strip(), allowed[key], spec)
+    options = base.parse_options(rest, cls.options(), spec, f'of form "{cls.name}" in "{one_line(spec)}"',
+                                 f'option of form "{cls.name}"')
     return cls(**options)
 
 

@@ -127,7 +127,7 @@ class BiasPlan(abc.ABC):
         """(H or B,H, k_end): c(j) - c(anchor) for keys j < k_end, where a separable plan's causal bias
         is r(i) + c(j) (ALiBi, FoX): bias(i, j) - bias(i, anchor) for every query i at or after both.
         Only for plans that declare `separable` (the split-linear path reads it)."""
-        raise NotImplementedError(f"{type(self).__name__} is not separable")
+        raise TypeError(f"{type(self).__name__} is not separable: its causal bias has no per-key form")
 
     def scaled(self, factor: float) -> BiasPlan:
         """The same plan with every bias value multiplied by `factor` > 0 (an evaluation form's logit
