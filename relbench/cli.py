@@ -226,7 +226,7 @@ def _finished(run_dir: Path, pairs: list[tuple[str, int]], named: bool) -> list[
         evaluated = f" (evaluated as {spec})" if base != spec else ""
         length = forms.finetune_length(spec)
         fix = (f"relbench train --run-dir {run_dir} --variants {base}" if length is None else
-               f"relbench finetune --run-dir {run_dir} --length {length} --variants {forms.scheme_spec(spec)}")
+               f"relbench finetune --run-dir {run_dir} --length {length} --variants {forms.tuned_spec(spec)}")
         raise RelbenchError(f"variant {base} seed {seed}{evaluated} has no finished checkpoint in {run_dir}; "
                             f"run `{fix} --seeds {seed}`")
     if not trained:
@@ -282,7 +282,9 @@ def finetune_command(
                                         "than training).")],
     steps: Annotated[int, typer.Option(help="Fine-tuning steps (PI used 1000, YaRN 400).")],
     variants: Annotated[list[str] | None, typer.Option(help="Trained variants to fine-tune (default: every one "
-                                                       "with a finished checkpoint that can reach --length).")] = None,
+                                                       "with a finished checkpoint that can reach --length); "
+                                                       "VARIANT@FORM fine-tunes under an evaluation form "
+                                                       "(rope@pi: PI's protocol).")] = None,
     seeds: Annotated[list[int] | None, typer.Option(help="Seeds (default: every trained seed).")] = None,
     lr: Annotated[float | None, typer.Option(help="Peak learning rate (default: the variant's training peak, with "
                                              "its position multiplier).")] = None,

@@ -264,12 +264,13 @@ def checkpoint_of(run_dir: Path, spec: str, seed: int) -> Path:
 def _base(run_dir: Path, spec: str, seed: int) -> dict[str, Any]:
     """The fields every row of a spec x seed starts with. `variant` is the spec as given, evaluation
     form included ("rope@yarn:factor=16": its own rows, table rows and plot lines); `form` is the
-    form alone ("yarn:factor=16", "" for the variant as trained); `finetune_length` and
+    form alone ("yarn:factor=16", or the one a checkpoint was fine-tuned under; "" for the variant as
+    trained); `finetune_length` and
     `finetune_steps` say how a fine-tuned checkpoint ("rope+ft1024") was made (0 and 0: zero-shot)."""
     meta = checkpoints.read_meta(checkpoint_of(run_dir, spec, seed)) or {}
     precision = meta.get("train", {}).get("precision") or meta.get("summary", {}).get("precision") or "unknown"
     tuned = meta.get("finetune", {})
-    return {"variant": spec, "form": forms.split_spec(spec)[1], "seed": seed,
+    return {"variant": spec, "form": forms.form_text(spec), "seed": seed,
             "finetune_length": tuned.get("length", 0), "finetune_steps": tuned.get("steps", 0),
             "train_length": meta.get("model", {}).get("train_length"), "precision": precision, "eval_precision": "fp32"}
 

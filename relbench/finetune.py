@@ -8,7 +8,10 @@ fine-tuning: the comparison that position interpolation (PI), YaRN and LongRoPE 
                                               written as a comment at the top of RUN/config.toml)
 
 "rope+ft1024" is a checkpoint of its own that `extrapolate` evaluates beside "rope" (and with a form,
-"rope+ft1024@yarn"); the originals (model.pt, meta.json, train.csv) are only read. The loop is
+"rope+ft1024@yarn"); the originals (model.pt, meta.json, train.csv) are only read. A variant named with
+an evaluation form is fine-tuned under it, as PI and YaRN fine-tune: `--variants rope@pi` at 1024
+writes "rope@pi:factor=4+ft1024" (a factor that follows the length is pinned at the fine-tuning
+length, forms.Form.pinned), which `extrapolate` evaluates with that form at every length. The loop is
 training's (train.train_variant with a train.Continuation), so a run stops on SIGINT/SIGTERM with a
 resume.pt and resumes bit-exactly, and a diverging or out-of-memory run is handled as in training.
 
@@ -74,15 +77,26 @@ def warmup_for(train_warmup: int, steps: int) -> int:
 
 
 def check_length(spec: str, model: ModelConfig, length: int) -> None:
-    """Refuse (UsageError) a length that is not longer than training, or that the scheme cannot represent."""
+    """Refuse (UsageError) a length that is not longer than training, or that the scheme cannot represent,
+    or a form that cannot read the trained scheme."""
     if length <= model.train_length:
         raise UsageError(f"--length {length} is not longer than the training length {model.train_length}; "
                          f"fine-tuning extends the context: give a --length above {model.train_length}")
-    enc = positions.build_spec(spec, n_heads=model.n_heads, head_dim=model.head_dim, d_model=model.d_model,
-                               train_length=model.train_length)
+    enc = trained_encoding(spec, model)
+    forms.check_spec(spec, **shape(model))
     if enc.max_length is not None and length > enc.max_length:
         raise UsageError(f"{spec} represents positions below {enc.max_length} only (learned per position up to the "
                          f"training length), so it cannot be fine-tuned at --length {length}; leave it out of --variants")
+
+
+def shape(model: ModelConfig) -> dict[str, int]:
+    return {"n_heads": model.n_heads, "head_dim": model.head_dim, "d_model": model.d_model,
+            "train_length": model.train_length}
+
+
+def trained_encoding(spec: str, model: ModelConfig) -> positions.PositionEncoding:
+    """The position scheme of the checkpoint `spec` fine-tunes (its variant, as trained)."""
+    return positions.build_spec(forms.scheme_spec(spec), **shape(model))
 
 
 def pairs_to_tune(run_dir: Path, config: dict[str, Any], variants: list[str] | None, seeds: list[int] | None,
@@ -93,17 +107,19 @@ def pairs_to_tune(run_dir: Path, config: dict[str, Any], variants: list[str] | N
     named = bool(variants or seeds)
     specs, seeds = variants or config.get("variants", []), seeds or config.get("seeds", [0])
     for spec in specs:
-        if forms.split_spec(spec)[1] or forms.finetune_length(spec) is not None:
-            raise UsageError(f'"{spec}" is not a trained variant; fine-tune the variant itself (e.g. '
-                             f'{forms.scheme_spec(spec)}) and evaluate its fine-tuned checkpoint with a form')
+        if forms.finetune_length(spec) is not None:
+            raise UsageError(f'"{spec}" is a fine-tuned checkpoint; fine-tune the trained variant '
+                             f'({forms.scheme_spec(spec)}, or with a form: {forms.scheme_spec(spec)}@pi)')
+        forms.parse_form(spec)          # an unknown variant or form, or a form that does not fit, fails here
     found = []
     for seed in seeds:
         for spec in specs:
-            meta = checkpoints.read_meta(results.checkpoint_dir(run_dir, spec, seed)) or {}
+            trained = forms.trained_spec(spec)
+            meta = checkpoints.read_meta(results.checkpoint_dir(run_dir, trained, seed)) or {}
             if not meta.get("finished"):
                 if named:
-                    raise RelbenchError(f"variant {spec} seed {seed} has no finished checkpoint in {run_dir}; run "
-                                        f"`relbench train --run-dir {run_dir} --variants {spec} --seeds {seed}`")
+                    raise RelbenchError(f"variant {trained} seed {seed} has no finished checkpoint in {run_dir}; run "
+                                        f"`relbench train --run-dir {run_dir} --variants {trained} --seeds {seed}`")
                 continue
             try:
                 check_length(spec, ModelConfig(**meta["model"]), length)
@@ -141,6 +157,7 @@ def check_memory(spec: str, model: ModelConfig, train: TrainConfig, length: int,
 
 
 def command_line(run_dir: Path, spec: str, seeds: list[int], record: dict[str, Any]) -> str:
+    spec = f"{spec}@{record['form']}" if record.get("form") else spec
     return (f"relbench finetune --run-dir {run_dir} --length {record['length']} --steps {record['steps']} "
             f"--variants {spec} --seeds {' '.join(map(str, seeds))} --lr {record['lr']:g} "
             f"--batch-size {record['batch_size']}")
@@ -153,7 +170,7 @@ def record_entry(run_dir: Path, entry: str, seed: int, record: dict[str, Any]) -
     config = results.read_json(Path(run_dir) / results.CONFIG)
     table = config.setdefault("finetune", {})
     seeds = sorted(set(table.get(entry, {}).get("seeds", [])) | {seed})
-    kept = {k: record[k] for k in ("from", "length", "steps", "lr", "batch_size", "warmup_steps")}
+    kept = {k: record[k] for k in ("from", "form", "length", "steps", "lr", "batch_size", "warmup_steps") if k in record}
     table[entry] = {**kept, "seeds": seeds, "command": command_line(run_dir, record["from"], seeds, record)}
     toml = Path(run_dir) / results.CONFIG_TOML
     description = read_file(toml).get("description", "") if toml.is_file() else ""
@@ -176,20 +193,23 @@ def finetune_run(run_dir: Path, length: int, steps: int, variants: list[str] | N
     for spec, seed, meta in todo:
         model = ModelConfig(**meta["model"])
         train, record, note = settings(meta, length, steps, lr, batch_size)
+        variant = forms.scheme_spec(spec)
         try:
-            check_backend(train.attention, positions.scheme(spec), device, True)
+            check_backend(train.attention, positions.scheme(variant), device, True)
         except UsageError as error:
             raise UsageError(f"{spec}: {error}") from None
-        check_memory(spec, model, train, length, device)
-        plans.append((spec, seed, meta, model, train, record, note))
+        check_memory(variant, model, train, length, device)
+        entry = forms.finetuned_spec(spec, length, trained_encoding(spec, model))
+        if forms.form_text(entry):      # fine-tuned under a form, pinned at this length: part of the settings
+            record["form"] = forms.form_text(entry)
+        plans.append((spec, entry, seed, meta, model, train, record, note))
     splits = load_run_splits(config, console)
-    for spec, seed, meta, *_ in plans:
-        checkpoints.check_tokenizer(results.checkpoint_dir(run_dir, spec, seed), splits.tokenizer)
+    for spec, _, seed, *_ in plans:
+        checkpoints.check_tokenizer(results.checkpoint_dir(run_dir, forms.trained_spec(spec), seed), splits.tokenizer)
     console.print(f"fine-tuning {len(plans)} checkpoint(s) at length {length} for {steps} steps; run directory {run_dir}")
     summaries = []
     with StopRequest() as stop, make_progress(console) as progress:
-        for spec, seed, meta, model, train, record, note in plans:
-            entry = forms.finetuned_spec(spec, length)
+        for spec, entry, seed, meta, model, train, record, note in plans:
             label, folder = f"{entry} seed {seed}", results.checkpoint_dir(run_dir, entry, seed)
             done = distributed.on_main(checkpoints.read_meta, folder) or {}
             if done.get("finished") and not force:
@@ -202,11 +222,11 @@ def finetune_run(run_dir: Path, length: int, steps: int, variants: list[str] | N
                 (folder / checkpoints.RESUME_FILE).unlink(missing_ok=True)
             if note:
                 progress.console.print(f"{label}: {note}", markup=False)
-            weights = checkpoints.load_model(results.checkpoint_dir(run_dir, spec, seed)).state_dict()
-            start = Continuation(weights, length, record["data_offset"], record)
+            weights = checkpoints.load_model(results.checkpoint_dir(run_dir, forms.trained_spec(spec), seed)).state_dict()
+            start = Continuation(weights, length, record["data_offset"], record, form=entry if "form" in record else "")
             try:
-                tuned, rows, summary = train_variant(spec, model, train, splits, device, progress, folder, stop,
-                                                     start=start)
+                tuned, rows, summary = train_variant(forms.scheme_spec(spec), model, train, splits, device, progress,
+                                                     folder, stop, start=start)
             except (RuntimeError, MemoryError) as error:
                 if not memory.is_out_of_memory(error):
                     raise
@@ -245,8 +265,11 @@ def comparison_table(summary: pd.DataFrame, rows: pd.DataFrame,
     cells = {(r.variant, r.length): f"{r.ppl_mean:.3f}" if r.status == "ok" else r.status for r in mine.itertuples()}
     body = []
     for entry in entries:
-        zero_shot = forms.split_spec(entry)[1]
-        base = forms.scheme_spec(entry) + (f"@{zero_shot}" if zero_shot else "")
+        # zero-shot: the same form on the trained checkpoint; for a pinned form ("pi:factor=4") that
+        # exact form when it was evaluated, else the form with its defaults ("rope@pi")
+        form, variant = forms.form_text(entry), forms.scheme_spec(entry)
+        bases = [f"{variant}@{form}", f"{variant}@{form.partition(':')[0]}"] if form else [variant]
+        base = next((b for b in bases if any((b, n) in cells for n in lengths)), bases[0])
         how = f"{forms.finetune_length(entry)}" + (f", {steps[entry]:g} steps" if entry in steps else "")
         body.append([base, how] + [
             f"{cells.get((base, n), '-')} -> {cells.get((entry, n), '-')}" for n in lengths])

@@ -27,6 +27,7 @@ from relbench.config import ModelConfig, TrainConfig, to_dict
 from relbench.data import Splits
 from relbench.errors import RelbenchError
 from relbench.memory import is_out_of_memory
+from relbench.positions import forms
 from relbench.inspect import attention_logit_max
 from relbench.model import GPT
 from relbench.stopping import Diverged, Interrupted, StopRequest
@@ -157,6 +158,7 @@ class Continuation:
     data_offset: int
     identity: dict[str, Any]
     command: str = "relbench finetune"
+    form: str = ""      # a spec whose evaluation form the model trains under ("rope@pi:factor=4+ft1024")
 
 
 def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, splits: Splits, device: torch.device,
@@ -186,6 +188,8 @@ def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, spl
     model = GPT(model_config, seed=config.seed).to(device)
     if start is not None:
         model.load_state_dict(start.weights)
+        if start.form:
+            forms.apply(model, start.form)
     model.train()
     optimizer = make_optimizer(model, config)
     identity = {"model": to_dict(model_config), "train": to_dict(config),

@@ -203,6 +203,13 @@ MUTATIONS = [
     ("finetune: writes over the original checkpoint", "relbench/finetune.py",
      "label, folder = f\"{entry} seed {seed}\", results.checkpoint_dir(run_dir, entry, seed)",
      "label, folder = f\"{entry} seed {seed}\", results.checkpoint_dir(run_dir, spec, seed)", FINETUNE),
+    ("finetune: a form named on finetune is not applied while fine-tuning", "relbench/train.py",
+     "            forms.apply(model, start.form)", "            pass", FINETUNE),
+    ("finetune: a form's factor not pinned at the fine-tuning length (dynamic)", "relbench/positions/rope_forms.py",
+     "return self if self.factor else replaced(self, factor=self.scale(enc, length))", "return self", FINETUNE),
+    ("finetune: a checkpoint fine-tuned under a form evaluated without it", "relbench/extrapolate.py",
+     "forms.apply(model, unit.spec)", "forms.apply(model, forms.scheme_spec(unit.spec) + "
+     "(f'@{forms.split_spec(unit.spec)[1]}' if forms.split_spec(unit.spec)[1] else ''))", FINETUNE),
     ("config: the file's values under the options, not over them", "relbench/config.py",
      "cls(**{**tables.get(section, {}), **given})", "cls(**{**given, **tables.get(section, {})})",
      [CONFIG + "test_file_over_preset_and_options_over_file"]),

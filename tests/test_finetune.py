@@ -104,17 +104,20 @@ def test_the_first_batch_is_the_training_rule_continued_at_the_new_length(traine
         assert torch.equal(y[row], tokens[start + 1: start + LENGTH + 1].long())
 
 
-def test_fine_tuned_weights_are_a_hand_driven_continuation(tuned):
-    """Load the original checkpoint, take a fresh optimiser and run the documented steps (batches of the
-    training rule from step STEPS on at LENGTH, training's schedule over STEPS steps with one warm-up
-    step) through training's own step functions: the weights are those finetune saved, bit for bit."""
+def hand_continuation(run_dir, form: str = "") -> torch.nn.Module:
+    """rope's checkpoint (with `form` set) through the documented fine-tuning steps, driven by hand:
+    batches of the training rule from step STEPS on at LENGTH, training's schedule over STEPS steps
+    with one warm-up step, training's own step functions."""
     from relbench.data import load_run_splits
+    from relbench.positions import forms
 
-    splits = load_run_splits(results.read_json(tuned / results.CONFIG))
+    splits = load_run_splits(results.read_json(run_dir / results.CONFIG))
     tokens = torch.from_numpy(splits.train)
-    meta = checkpoints.read_meta(results.checkpoint_dir(tuned, "rope", 0))
+    meta = checkpoints.read_meta(results.checkpoint_dir(run_dir, "rope", 0))
     config = TrainConfig(**{**meta["train"], "steps": STEPS, "batch_size": 4, "warmup_steps": 1})
-    model = checkpoints.load_model(results.checkpoint_dir(tuned, "rope", 0)).train()
+    model = checkpoints.load_model(results.checkpoint_dir(run_dir, "rope", 0)).train()
+    if form:
+        forms.apply(model, form)
     optimizer = train.make_optimizer(model, config)
     for step in range(STEPS):
         for group in optimizer.param_groups:
@@ -122,6 +125,14 @@ def test_fine_tuned_weights_are_a_hand_driven_continuation(tuned):
         x, y, w = training_batch(tokens, STEPS + step, config, LENGTH, splits.tokenizer)
         train.forward_backward(model, optimizer, x, y, w, torch.device("cpu"), config, step)
         train.optimizer_step(model, optimizer)
+    return model
+
+
+def test_fine_tuned_weights_are_a_hand_driven_continuation(tuned):
+    """Load the original checkpoint, take a fresh optimiser and run the documented steps (batches of the
+    training rule from step STEPS on at LENGTH, training's schedule over STEPS steps with one warm-up
+    step) through training's own step functions: the weights are those finetune saved, bit for bit."""
+    model = hand_continuation(tuned)
     got = weights(tuned, "rope+ft64")
     for name, value in model.state_dict().items():
         assert torch.equal(value, got[name]), name
@@ -178,6 +189,52 @@ def test_extrapolate_evaluates_both_and_the_report_compares_them(tuned, tmp_path
             f"{ppl['rope', 64]} -> {ppl['rope+ft64', 64]} |") in report
 
 
+PI = "rope@pi:factor=2+ft64"     # rope fine-tuned under PI at 64 = 2 x its training length: s pinned at 2
+
+
+@pytest.fixture(scope="module")
+def tuned_pi(trained, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("tuned_pi") / "run"
+    shutil.copytree(trained, run_dir)
+    result = run("finetune", "--length", LENGTH, "--steps", STEPS, "--variants", "rope@pi", "--run-dir", run_dir)
+    assert result.exit_code == 0, result.output
+    return run_dir
+
+
+def test_a_form_is_fine_tuned_under_with_its_factor_pinned(tuned, tuned_pi):
+    """PI's fine-tuning (Chen et al. 2023): the model trains under the form, s = 64 / 32 = 2 written into
+    the entry; its weights are the hand-driven continuation with PI(factor=2) set, not plain rope's."""
+    meta = checkpoints.read_meta(results.checkpoint_dir(tuned_pi, PI, 0))
+    assert meta["variant"] == PI and meta["finetune"]["form"] == "pi:factor=2" and meta["model"]["position"] == "rope"
+    assert results.read_json(tuned_pi / results.CONFIG)["finetune"][PI]["command"].startswith(
+        f"relbench finetune --run-dir {tuned_pi} --length 64 --steps 3 --variants rope@pi:factor=2 --seeds 0")
+    model = hand_continuation(tuned_pi, form="rope@pi:factor=2")
+    got, plain = weights(tuned_pi, PI), weights(tuned, "rope+ft64")
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, got[name]), name
+    assert any(not torch.equal(got[k], plain[k]) for k in got)
+
+
+def test_a_checkpoint_fine_tuned_under_a_form_is_evaluated_with_it_at_every_length(tuned_pi, tmp_path):
+    """Its rows equal those of the same weights evaluated as a plain fine-tuned checkpoint with the
+    explicit form "@pi:factor=2" (so the factor stays 2 at 128, not 128 / 32), and differ without it."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(tuned_pi, run_dir)
+    shutil.copytree(results.checkpoint_dir(run_dir, PI, 0), results.checkpoint_dir(run_dir, "rope+ft64", 0))
+    specs = [PI, "rope+ft64@pi:factor=2", "rope+ft64", "rope@pi"]
+    result = run("extrapolate", "--run-dir", run_dir, "--lengths", 32, 128, "--variants", *specs, "--task", "perplexity")
+    assert result.exit_code == 0, result.output
+    rows = pd.read_csv(run_dir / "extrapolation.csv", keep_default_na=False).set_index(["variant", "length"])
+    assert rows.loc[(PI, 128), "form"] == "pi:factor=2" and rows.loc[(PI, 128), "finetune_length"] == 64
+    for n in (32, 128):
+        assert rows.loc[(PI, n), "ppl"] == rows.loc[("rope+ft64@pi:factor=2", n), "ppl"]
+        assert rows.loc[(PI, n), "ppl"] != rows.loc[("rope+ft64", n), "ppl"]
+    assert run("report", "--run-dir", run_dir).exit_code == 0
+    ppl = {(v, n): f"{rows.loc[(v, n), 'ppl']:.3f}" for v in ("rope@pi", PI) for n in (32, 128)}
+    assert (f"| rope@pi | 64, 3 steps | {ppl['rope@pi', 32]} -> {ppl[PI, 32]} | "
+            f"{ppl['rope@pi', 128]} -> {ppl[PI, 128]} |") in (run_dir / "report.md").read_text()
+
+
 def test_lr_and_batch_size_options_are_the_ones_used(trained, tmp_path):
     run_dir = tmp_path / "run"
     shutil.copytree(trained, run_dir)
@@ -218,6 +275,14 @@ def test_errors_are_one_line(trained, tmp_path):
     one_line_error(run("finetune", "--length", 64, "--steps", 3, "--run-dir", tmp_path / "nope"), 1, "does not exist")
     one_line_error(run("extrapolate", "--run-dir", trained, "--lengths", 64, "--variants", "alibi+ft128"), 1,
                    f"relbench finetune --run-dir {trained} --length 128 --variants alibi --seeds 0")
+    one_line_error(run("extrapolate", "--run-dir", trained, "--lengths", 64, "--variants", "rope@ntk:factor=4+ft128"), 1,
+                   f"relbench finetune --run-dir {trained} --length 128 --variants rope@ntk:factor=4 --seeds 0")
+    one_line_error(run("extrapolate", "--run-dir", trained, "--lengths", 64, "--variants", "rope@pi+ft64@yarn"), 2,
+                   'was fine-tuned under form "pi"', "no second form")
+    one_line_error(run("finetune", "--length", 64, "--steps", 3, "--variants", "rope+ft64", "--run-dir", trained), 2,
+                   "is a fine-tuned checkpoint")
+    one_line_error(run("finetune", "--length", 64, "--steps", 3, "--variants", "alibi@pi", "--run-dir", trained), 2,
+                   'form "pi" does not apply to "alibi"')
 
 
 def test_default_batch_keeps_the_tokens_per_step_and_warmup_is_short():

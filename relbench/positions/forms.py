@@ -10,6 +10,9 @@ A spec "VARIANT[:options]@FORM[:key=value,...]" names the trained variant and th
 
 The part before "@" names a checkpoint: a trained variant ("rope"), or one fine-tuned at a longer
 length by `relbench finetune` ("rope+ft1024", relbench/finetune.py), which keeps its variant's scheme.
+A checkpoint fine-tuned under a form carries it in its name, with the options that follow the length
+pinned at the fine-tuning length ("rope@pi:factor=4+ft1024": PI with s = 1024 / 256, as in Chen et
+al. 2023), and is evaluated with that form at every length; it takes no second form.
 
 A form is one class registered with `@register_form(name)`. It declares the schemes it applies to
 by their class (`applies_to`: subclasses included), so a new rotary or table variant gets the forms
@@ -28,6 +31,7 @@ L is the length of the sequence being evaluated: the number of keys of the atten
 
 from __future__ import annotations
 
+import copy
 import inspect
 import math
 import re
@@ -73,6 +77,17 @@ class Form:
     def horizon(self, enc: PositionEncoding, length: int) -> int | None:
         return enc.horizon()
 
+    def pinned(self, enc: PositionEncoding, length: int) -> Form:
+        """The form to fine-tune under at `length`: options that default to following the evaluated
+        length (a factor of 0) fixed at their value there. The base class has none: itself."""
+        return self
+
+    def text(self) -> str:
+        """The form as a spec writes it: its name and the options that differ from their defaults."""
+        given = [f"{n}={format_value(getattr(self, n))}" for n, p in self.options().items()
+                 if getattr(self, n) != p.default]
+        return self.name + (":" + ",".join(given) if given else "")
+
     def __repr__(self) -> str:
         values = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.options() if hasattr(self, k))
         return f"{self.name}({values})"
@@ -97,10 +112,20 @@ def schemes_of(form: type[Form]) -> list[str]:
 
 
 # ---- specs ------------------------------------------------------------------------------------------
+# the checkpoint of a fine-tuned spec: "rope+ft1024", or "rope@pi:factor=4+ft1024" (fine-tuned under a form)
+FINETUNED = re.compile(r"^(?P<variant>[^@]+?)(?:@(?P<form>[^@]*))?\+ft(?P<length>[0-9]+)$")
+_CHECKPOINT = re.compile(r"^(?P<checkpoint>[^@]+?(?:@[^@]*?)?\+ft[0-9]+)(?:@(?P<form>.*))?$")
+
+
 def split_spec(spec: str) -> tuple[str, str]:
-    """("rope:base=500", "yarn:factor=16") for "rope:base=500@yarn:factor=16"; the form part is ""
-    for a plain variant."""
-    variant, _, form = spec.strip().partition("@")
+    """(checkpoint, evaluation form): ("rope:base=500", "yarn:factor=16") for
+    "rope:base=500@yarn:factor=16", ("rope+ft1024", "yarn") for "rope+ft1024@yarn",
+    ("rope@pi:factor=4+ft1024", "") for that checkpoint; the form part is "" for a plain variant."""
+    text = spec.strip()
+    match = _CHECKPOINT.match(text)
+    if match:
+        return match["checkpoint"].strip(), (match["form"] or "").strip()
+    variant, _, form = text.partition("@")
     return variant.strip(), form.strip()
 
 
@@ -110,19 +135,37 @@ def trained_spec(spec: str) -> str:
     return split_spec(spec)[0]
 
 
-FINETUNED = re.compile(r"^(?P<variant>.+)\+ft(?P<length>[0-9]+)$")
-
-
-def finetuned_spec(variant: str, length: int) -> str:
-    """The checkpoint of `variant` fine-tuned at `length` (relbench finetune): "rope+ft1024"."""
-    return f"{variant}+ft{length}"
+def finetuned_spec(spec: str, length: int, enc: PositionEncoding | None = None) -> str:
+    """The checkpoint of `spec` fine-tuned at `length` (relbench finetune): "rope+ft1024"; for a
+    spec with a form, that form pinned at `length` for `enc`, the trained scheme (Form.pinned):
+    "rope@pi" -> "rope@pi:factor=4+ft1024" when trained at 256."""
+    form = parse_form(spec)
+    if form is None:
+        return f"{scheme_spec(spec)}+ft{length}"
+    if enc is None:
+        raise TypeError("finetuned_spec of a spec with a form needs the trained encoding to pin it")
+    return f"{scheme_spec(spec)}@{form.pinned(enc, length).text()}+ft{length}"
 
 
 def scheme_spec(spec: str) -> str:
-    """The variant spec the model was built from: "rope" for "rope", "rope@pi" and "rope+ft1024@yarn"."""
+    """The variant spec the model was built from: "rope" for "rope", "rope@pi", "rope+ft1024@yarn"
+    and "rope@pi:factor=4+ft1024"."""
     trained = trained_spec(spec)
     match = FINETUNED.match(trained)
-    return match["variant"] if match else trained
+    return match["variant"].strip() if match else trained
+
+
+def tuned_spec(spec: str) -> str:
+    """What was fine-tuned for the checkpoint of `spec`: "rope@pi:factor=4" for
+    "rope@pi:factor=4+ft1024", "rope" for "rope+ft1024@yarn" and for "rope"."""
+    match = FINETUNED.match(trained_spec(spec))
+    return scheme_spec(spec) + (f"@{match['form'].strip()}" if match and match["form"] else "")
+
+
+def form_text(spec: str) -> str:
+    """The form a spec is evaluated with, "" for none: the one after "@", or the one its checkpoint
+    was fine-tuned under."""
+    return split_spec(spec)[1] or tuned_spec(spec).partition("@")[2]
 
 
 def finetune_length(spec: str) -> int | None:
@@ -131,12 +174,28 @@ def finetune_length(spec: str) -> int | None:
     return int(match["length"]) if match else None
 
 
+def replaced(form: Form, **options: Any) -> Form:
+    """A copy of `form` with these options changed (for Form.pinned)."""
+    copied = copy.copy(form)
+    for name, value in options.items():
+        setattr(copied, name, value)
+    return copied
+
+
+def format_value(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def parse_form(spec: str) -> Form | None:
     """The form a spec names, built from its options, or None for a plain variant. Every refusal is a
     UsageError of one line: an unknown variant, form or option, a bad value, two forms, or a form
     that does not apply to the variant's scheme."""
-    text, variant = split_spec(spec)[1], scheme_spec(spec)
+    evaluated, tuned, variant = split_spec(spec)[1], tuned_spec(spec).partition("@")[2], scheme_spec(spec)
     base.parse_spec(variant)          # the trained variant and its options are valid
+    if evaluated and tuned:
+        raise UsageError(f'"{one_line(spec)}" was fine-tuned under form "{one_line(tuned)}" and is evaluated with it; '
+                         f'give no second form after "+ft{finetune_length(spec)}"')
+    text = evaluated or tuned
     if not text and "@" not in spec:
         return None
     if "@" in text:

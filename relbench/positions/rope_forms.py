@@ -16,7 +16,7 @@ from torch import Tensor
 
 from relbench.errors import UsageError
 from relbench.positions.base import PositionEncoding
-from relbench.positions.forms import Form, default_factor, positive, register_form
+from relbench.positions.forms import Form, replaced, default_factor, positive, register_form
 from relbench.positions.rope import Rotary, rope_frequencies
 
 
@@ -34,6 +34,9 @@ class _Scaled(Form):
 
     def scale(self, enc: PositionEncoding, length: int) -> float:
         return default_factor(self.factor, enc, length)
+
+    def pinned(self, enc: PositionEncoding, length: int) -> Form:
+        return self if self.factor else replaced(self, factor=self.scale(enc, length))
 
 
 @register_form("pi")

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from relbench.errors import UsageError
 from relbench.positions.base import PositionEncoding
-from relbench.positions.forms import Form, register_form
+from relbench.positions.forms import Form, register_form, replaced
 from relbench.positions.xl import ClippedTable, clipped_index
 
 
@@ -79,6 +79,9 @@ class LogIndex(_TableForm):
     def check(self, enc: PositionEncoding) -> None:
         super().check(enc)
         self.start(enc)
+
+    def pinned(self, enc: PositionEncoding, length: int) -> Form:
+        return self if self.reach else replaced(self, reach=length - 1)
 
     def distance_bias(self, enc: PositionEncoding, distance: Tensor, length: int) -> Tensor:
         reach = self.reach or length - 1
