@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CORE_TESTS = ["tests/test_attention.py", "tests/test_positions.py", "tests/test_zoo.py", "tests/test_model.py",
-              "tests/test_faithful.py"]
+CORE_TESTS = ["tests/test_attention.py", "tests/test_split.py", "tests/test_positions.py", "tests/test_capabilities.py",
+              "tests/test_zoo.py", "tests/test_model.py", "tests/test_faithful.py"]
 
 # (name, file, the exact text, what replaces it[, the tests that must notice]): each text occurs
 # exactly once in its file; without tests of its own a mutation is checked by the core tests
