@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Regenerates results/frontier: the frontier preset (the quick model, 400 steps at length 256 in fp32)
 # for rope, alibi and the data-dependent fox, cope and dape; rope, alibi and fox fine-tuned to 1024 for
-# 200 steps; perplexity and the copy task at 1x-16x (256-4096) for every trained and fine-tuned model
-# and for rope's inference-time forms (PI, NTK-aware, YaRN, log-n), passkey at 1x, 4x and 16x.
+# 200 steps, and rope fine-tuned under PI and under YaRN (s = 1024 / 256 = 4, as those papers do);
+# perplexity and the copy task at 1x-16x (256-4096) for every trained and fine-tuned model and for
+# rope's inference-time forms (PI, NTK-aware, YaRN, log-n), passkey at 1x, 4x and 16x.
 # Run from the repository root; a stopped run resumes where it stopped.
 set -euo pipefail
 RUN=${RUN:-results/frontier}
@@ -13,7 +14,8 @@ STEPS=${STEPS:-200}             # fine-tuning steps
 LENGTHS=${LENGTHS:-256 512 1024 2048 4096}
 PASSKEY_LENGTHS=${PASSKEY_LENGTHS:-256 1024 4096}
 TRAINED="rope alibi fox cope dape"
-TUNED="rope alibi fox"
+FACTOR=$((LENGTH / 256))        # PI's and YaRN's s for fine-tuning: the fine-tuning length over training's
+TUNED="rope alibi fox rope@pi:factor=$FACTOR rope@yarn:factor=$FACTOR"
 FORMS="rope@pi rope@ntk rope@yarn rope@logn"
 for seed in $SEEDS; do   # one seed at a time: a stopped run keeps every finished seed
   relbench train --preset "$PRESET" --seeds "$seed" --variants $TRAINED --run-dir "$RUN"
