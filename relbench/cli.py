@@ -279,7 +279,7 @@ def extrapolate_command(
 @app.command("finetune")
 def finetune_command(
     length: Annotated[int, typer.Option(help="Target length: fine-tune at this many tokens per sequence (longer "
-                                        "than training).")],
+                                        "than training; the training length itself is the control run).")],
     steps: Annotated[int, typer.Option(help="Fine-tuning steps (PI used 1000, YaRN 400).")],
     variants: Annotated[list[str] | None, typer.Option(help="Trained variants to fine-tune (default: every one "
                                                        "with a finished checkpoint that can reach --length); "

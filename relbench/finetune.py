@@ -30,6 +30,10 @@ The protocol, by default (each choice can be changed where an option says so):
 - batch size (--batch-size): training batch x training length / L, the same tokens per step, when it
   divides; else its floor (at least 1), and the command says how the tokens per step differ.
 - validation: the run's fixed validation windows at length L.
+
+`--length` equal to the training length is the control ("rope+ft256"): the same steps, learning
+rates and tokens per step at the length the model already knows, so that `extrapolate` can tell how
+much of a fine-tuned model's gain is the longer context and how much is more training.
 """
 
 from __future__ import annotations
@@ -77,11 +81,13 @@ def warmup_for(train_warmup: int, steps: int) -> int:
 
 
 def check_length(spec: str, model: ModelConfig, length: int) -> None:
-    """Refuse (UsageError) a length that is not longer than training, or that the scheme cannot represent,
-    or a form that cannot read the trained scheme."""
-    if length <= model.train_length:
-        raise UsageError(f"--length {length} is not longer than the training length {model.train_length}; "
-                         f"fine-tuning extends the context: give a --length above {model.train_length}")
+    """Refuse (UsageError) a length shorter than training, or that the scheme cannot represent, or a form
+    that cannot read the trained scheme. The training length itself is allowed: the control run (the
+    same steps and tokens, no longer context)."""
+    if length < model.train_length:
+        raise UsageError(f"--length {length} is shorter than the training length {model.train_length}; "
+                         f"fine-tuning extends the context: give a --length above {model.train_length} (or "
+                         f"{model.train_length} itself for the control run)")
     enc = trained_encoding(spec, model)
     forms.check_spec(spec, **shape(model))
     if enc.max_length is not None and length > enc.max_length:
@@ -124,7 +130,7 @@ def pairs_to_tune(run_dir: Path, config: dict[str, Any], variants: list[str] | N
             try:
                 check_length(spec, ModelConfig(**meta["model"]), length)
             except UsageError as error:
-                if named or length <= meta["model"]["train_length"]:
+                if named or length < meta["model"]["train_length"]:
                     raise
                 console.print(f"{spec}: left out ({error})", markup=False)
                 continue

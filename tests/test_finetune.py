@@ -235,6 +235,21 @@ def test_a_checkpoint_fine_tuned_under_a_form_is_evaluated_with_it_at_every_leng
             f"{ppl['rope@pi', 128]} -> {ppl[PI, 128]} |") in (run_dir / "report.md").read_text()
 
 
+def test_the_control_continues_at_the_training_length_with_the_same_tokens(trained, tmp_path):
+    """--length 32 (the training length): every variant, `learned` included, trains 3 more steps of
+    8 x 32 (training's batch), the batches of training's steps 3.. at 32; the report compares it too."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained, run_dir)
+    result = run("finetune", "--length", 32, "--steps", STEPS, "--run-dir", run_dir)
+    assert result.exit_code == 0, result.output
+    log = pd.read_csv(run_dir / "finetune.csv")
+    assert sorted(set(log["variant"])) == ["alibi+ft32", "learned+ft32", "rope+ft32"]
+    assert (log["tokens"] == log["step"] * 8 * 32).all()
+    meta = checkpoints.read_meta(results.checkpoint_dir(run_dir, "rope+ft32", 0))
+    assert meta["finetune"]["length"] == 32 and meta["finetune"]["batch_size"] == 8
+    assert any(not torch.equal(weights(run_dir, "rope")[k], weights(run_dir, "rope+ft32")[k]) for k in weights(run_dir, "rope"))
+
+
 def test_lr_and_batch_size_options_are_the_ones_used(trained, tmp_path):
     run_dir = tmp_path / "run"
     shutil.copytree(trained, run_dir)
@@ -267,8 +282,8 @@ def one_line_error(result, code, *fragments):
 def test_errors_are_one_line(trained, tmp_path):
     one_line_error(run("finetune", "--length", 64, "--steps", 3, "--variants", "xl", "--run-dir", trained), 1,
                    "variant xl seed 0 has no finished checkpoint", f"relbench train --run-dir {trained} --variants xl")
-    one_line_error(run("finetune", "--length", 32, "--steps", 3, "--run-dir", trained), 2,
-                   "--length 32 is not longer than the training length 32")
+    one_line_error(run("finetune", "--length", 16, "--steps", 3, "--run-dir", trained), 2,
+                   "--length 16 is shorter than the training length 32")
     one_line_error(run("finetune", "--length", 64, "--steps", 3, "--variants", "learned", "--run-dir", trained), 2,
                    "learned represents positions below 32 only")
     one_line_error(run("finetune", "--length", 64, "--steps", 0, "--run-dir", trained), 2, "must be positive")
