@@ -210,6 +210,8 @@ MUTATIONS = [
     ("finetune: a checkpoint fine-tuned under a form evaluated without it", "relbench/extrapolate.py",
      "forms.apply(model, unit.spec)", "forms.apply(model, forms.scheme_spec(unit.spec) + "
      "(f'@{forms.split_spec(unit.spec)[1]}' if forms.split_spec(unit.spec)[1] else ''))", FINETUNE),
+    ("finetune: the control (--length = the training length) refused", "relbench/finetune.py",
+     "    if length < model.train_length:", "    if length <= model.train_length:", FINETUNE),
     ("config: the file's values under the options, not over them", "relbench/config.py",
      "cls(**{**tables.get(section, {}), **given})", "cls(**{**given, **tables.get(section, {})})",
      [CONFIG + "test_file_over_preset_and_options_over_file"]),
