@@ -17,6 +17,11 @@ such as "within 1.1x of unbiased attention".
 
     python benchmarks/attention.py                               # the full table (about 20 min on 2 cores)
     python benchmarks/attention.py --lengths 4096 --backends reference auto
+    python benchmarks/attention.py --paired-only --lengths 4096 16384   # every scheme, paired only
+
+The full table covers xl, t5, alibi, shaw and rope by default (every backend of every scheme is
+hours on 2 cores); the paired table alone (--paired-only) covers every scheme that adds a bias or
+rotates q and k. --variants names others.
 """
 
 from __future__ import annotations
@@ -31,11 +36,14 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
+from relbench import positions
 from relbench.attention import BACKENDS
 from relbench.profile import profile_run
 
 BIAS_VARIANTS = ["xl", "t5", "alibi", "shaw"]
 OTHER_VARIANTS = ["rope"]
+# the paired table's default: every scheme whose attention call differs from unbiased SDPA
+EVERY_SCHEME = [n for n in positions.names() if positions.get(n).adds_bias or positions.get(n).rotates]
 
 
 def total_ms(row) -> float:
@@ -122,7 +130,8 @@ def show_paired(table: pd.DataFrame, console: Console) -> None:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384])
-    parser.add_argument("--variants", nargs="+", default=BIAS_VARIANTS + OTHER_VARIANTS)
+    parser.add_argument("--variants", nargs="+", default=None,
+                        help="default: xl t5 alibi shaw rope; with --paired-only every scheme that adds a bias or rotates")
     parser.add_argument("--backends", nargs="+", default=[b for b in BACKENDS], choices=BACKENDS)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=64)
@@ -135,6 +144,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     console = Console(width=200)
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    if args.variants is None:
+        args.variants = EVERY_SCHEME if args.paired_only else BIAS_VARIANTS + OTHER_VARIANTS
     if args.paired_only:
         paired = paired_ratios(args.variants, args.lengths, args.batch, args.heads, args.head_dim, args.device,
                                max(1, args.pairs), console)
