@@ -190,8 +190,7 @@ def _extrapolate(run_dir: Path, lengths: list[int] | None, variants: list[str] |
     trained = distributed.on_main(_finished, run_dir, pairs, bool(variants or config.get("seeds") != seeds))
     model_config = ModelConfig(**config["model"])
     for spec in specs:
-        forms.check_spec(spec, n_heads=model_config.n_heads, head_dim=model_config.head_dim,
-                         d_model=model_config.d_model, train_length=model_config.train_length)
+        forms.check_spec(spec, **model_config.position_shape)
     for spec in dict.fromkeys(forms.scheme_spec(s) for s, _ in trained):
         _check_backend(attention, spec, model_config, target, training=False)
     splits = load_run_splits(config, console)

@@ -64,8 +64,7 @@ MaxTrainTokens = Annotated[int | None, typer.Option(help="Train on the first N t
 
 
 def _check_backend(backend: str, spec: str, model: ModelConfig, device: torch.device, training: bool) -> None:
-    positions.build_spec(spec, n_heads=model.n_heads, head_dim=model.head_dim, d_model=model.d_model,
-                         train_length=model.train_length)   # the spec's options are valid for this shape
+    positions.build_spec(spec, **model.position_shape)   # the spec's options are valid for this shape
     try:
         check(backend, positions.scheme(spec), device, training)
     except UsageError as error:

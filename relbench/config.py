@@ -50,6 +50,12 @@ class ModelConfig:
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
 
+    @property
+    def position_shape(self) -> dict[str, int]:
+        """The keyword arguments every position encoding of this model is built with (positions.build)."""
+        return {"n_heads": self.n_heads, "head_dim": self.head_dim, "d_model": self.d_model,
+                "train_length": self.train_length}
+
 
 PRECISIONS = ("auto", "bf16", "fp32")
 

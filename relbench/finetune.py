@@ -89,20 +89,17 @@ def check_length(spec: str, model: ModelConfig, length: int) -> None:
                          f"fine-tuning extends the context: give a --length above {model.train_length} (or "
                          f"{model.train_length} itself for the control run)")
     enc = trained_encoding(spec, model)
-    forms.check_spec(spec, **shape(model))
+    form = forms.parse_form(spec)
+    if form is not None:
+        form.check(enc)
     if enc.max_length is not None and length > enc.max_length:
         raise UsageError(f"{spec} represents positions below {enc.max_length} only (learned per position up to the "
                          f"training length), so it cannot be fine-tuned at --length {length}; leave it out of --variants")
 
 
-def shape(model: ModelConfig) -> dict[str, int]:
-    return {"n_heads": model.n_heads, "head_dim": model.head_dim, "d_model": model.d_model,
-            "train_length": model.train_length}
-
-
 def trained_encoding(spec: str, model: ModelConfig) -> positions.PositionEncoding:
     """The position scheme of the checkpoint `spec` fine-tunes (its variant, as trained)."""
-    return positions.build_spec(forms.scheme_spec(spec), **shape(model))
+    return positions.build_spec(forms.scheme_spec(spec), **model.position_shape)
 
 
 def pairs_to_tune(run_dir: Path, config: dict[str, Any], variants: list[str] | None, seeds: list[int] | None,

@@ -193,8 +193,7 @@ def training_backend(model: ModelConfig, precision: str) -> str:
     if model.attention != "auto":
         return model.attention
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    enc = positions.build_spec(model.position, n_heads=model.n_heads, head_dim=model.head_dim, d_model=model.d_model,
-                               train_length=model.train_length)
+    enc = positions.build_spec(model.position, **model.position_shape)
     q = torch.zeros(1, model.n_heads, 2, model.head_dim, dtype=dtype)
     x = torch.zeros(1, 2, model.d_model, dtype=dtype)        # the layer input, for input-dependent schemes
     return choose(enc.plan(2, 2, q, q, x) if enc.adds_bias else None, q, model.train_length, grad=True)

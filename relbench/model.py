@@ -80,8 +80,7 @@ class GPT(nn.Module):
         name, options = positions.parse_spec(config.position)
         options.update(config.position_options)
         cls = positions.get(name)
-        shape = dict(n_heads=config.n_heads, head_dim=config.head_dim, d_model=config.d_model,
-                     train_length=config.train_length)
+        shape = config.position_shape
         copies = 1 if cls.shared_across_layers else config.n_layers
         self.positions = nn.ModuleList(positions.build(name, **shape, **options) for _ in range(copies))
         self.tok = nn.Embedding(config.vocab_size, config.d_model)

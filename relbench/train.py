@@ -27,9 +27,9 @@ from relbench.config import ModelConfig, TrainConfig, to_dict
 from relbench.data import Splits
 from relbench.errors import RelbenchError
 from relbench.memory import is_out_of_memory
-from relbench.positions import forms
 from relbench.inspect import attention_logit_max
 from relbench.model import GPT
+from relbench.positions import forms
 from relbench.stopping import Diverged, Interrupted, StopRequest
 
 
@@ -305,8 +305,7 @@ def train_run(run_dir: Path, specs: list[str], seeds: list[int], run_config: dic
     model_config = ModelConfig(**run_config["model"])
     base = TrainConfig(**run_config["train"])
     for spec in specs:  # fail on a bad variant or option before any training starts
-        positions.build_spec(spec, n_heads=model_config.n_heads, head_dim=model_config.head_dim,
-                             d_model=model_config.d_model, train_length=model_config.train_length)
+        positions.build_spec(spec, **model_config.position_shape)
     summaries, failures = [], []
     todo = distributed.on_main(lambda: sum(1 for seed in seeds for spec in specs if force or not (
         checkpoints.read_meta(results.checkpoint_dir(run_dir, spec, seed)) or {}).get("finished")))

@@ -147,30 +147,41 @@ def finetuned_spec(spec: str, length: int, enc: PositionEncoding | None = None) 
     return f"{scheme_spec(spec)}@{form.pinned(enc, length).text()}+ft{length}"
 
 
+def _finetuned(spec: str) -> re.Match | None:
+    """The parts of the fine-tuned checkpoint `spec` evaluates (variant, form, length), or None."""
+    return FINETUNED.match(trained_spec(spec))
+
+
 def scheme_spec(spec: str) -> str:
     """The variant spec the model was built from: "rope" for "rope", "rope@pi", "rope+ft1024@yarn"
     and "rope@pi:factor=4+ft1024"."""
-    trained = trained_spec(spec)
-    match = FINETUNED.match(trained)
-    return match["variant"].strip() if match else trained
+    match = _finetuned(spec)
+    return match["variant"].strip() if match else trained_spec(spec)
+
+
+def tuned_form(spec: str) -> str:
+    """The form the checkpoint of `spec` was fine-tuned under: "pi:factor=4" for
+    "rope@pi:factor=4+ft1024", "" for "rope+ft1024@yarn" and for "rope"."""
+    match = _finetuned(spec)
+    return (match["form"] or "").strip() if match else ""
 
 
 def tuned_spec(spec: str) -> str:
     """What was fine-tuned for the checkpoint of `spec`: "rope@pi:factor=4" for
     "rope@pi:factor=4+ft1024", "rope" for "rope+ft1024@yarn" and for "rope"."""
-    match = FINETUNED.match(trained_spec(spec))
-    return scheme_spec(spec) + (f"@{match['form'].strip()}" if match and match["form"] else "")
+    form = tuned_form(spec)
+    return scheme_spec(spec) + (f"@{form}" if form else "")
 
 
 def form_text(spec: str) -> str:
     """The form a spec is evaluated with, "" for none: the one after "@", or the one its checkpoint
     was fine-tuned under."""
-    return split_spec(spec)[1] or tuned_spec(spec).partition("@")[2]
+    return split_spec(spec)[1] or tuned_form(spec)
 
 
 def finetune_length(spec: str) -> int | None:
     """The length the checkpoint of `spec` was fine-tuned at, or None for a checkpoint as trained."""
-    match = FINETUNED.match(trained_spec(spec))
+    match = _finetuned(spec)
     return int(match["length"]) if match else None
 
 
@@ -190,7 +201,7 @@ def parse_form(spec: str) -> Form | None:
     """The form a spec names, built from its options, or None for a plain variant. Every refusal is a
     UsageError of one line: an unknown variant, form or option, a bad value, two forms, or a form
     that does not apply to the variant's scheme."""
-    evaluated, tuned, variant = split_spec(spec)[1], tuned_spec(spec).partition("@")[2], scheme_spec(spec)
+    evaluated, tuned, variant = split_spec(spec)[1], tuned_form(spec), scheme_spec(spec)
     base.parse_spec(variant)          # the trained variant and its options are valid
     if evaluated and tuned:
         raise UsageError(f'"{one_line(spec)}" was fine-tuned under form "{one_line(tuned)}" and is evaluated with it; '

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from relbench.errors import UsageError
 from relbench.positions.base import PositionEncoding
-from relbench.positions.forms import Form, replaced, default_factor, positive, register_form
+from relbench.positions.forms import Form, default_factor, positive, register_form, replaced
 from relbench.positions.rope import Rotary, rope_frequencies
 
 
