@@ -1,13 +1,21 @@
 """What a training step reads: the batch of step s is a function of (seed, step) alone, so every
 variant sees exactly the same sequences in the same order and a resumed run continues bit-exactly.
 
-Two training tasks (`TrainConfig.task`):
+Three training tasks (`TrainConfig.task`):
 - `lm`: random windows of the training text (language modelling), every prediction weighted 1.
 - `passkey`: every sequence is a passkey trial built from training text (relbench/tasks/passkey.py):
   a random key stated once at a random depth and asked for at the end. The five answer digits are
   weighted `answer_weight` and every other prediction `text_weight` (0: train on the answers alone).
   With `depth_curriculum` = N, the key is drawn from depths [1 - s/N, 1] at step s < N (near the
   question first), then from [0, 1].
+- `mqar`: every sequence is a multi-query associative recall trial built from training text
+  (relbench/tasks/mqar.py): `mqar_pairs` key-value pairs at a random depth (the same curriculum),
+  each key asked for at the end. The value after each query key is weighted `answer_weight`, the
+  filler's predictions `text_weight`, and the predictions of the random tokens (the pair block and
+  the query keys) 0.
+
+`retrieval_accuracy` is the accuracy of either retrieval task on a fixed set of validation trials,
+for training to a criterion.
 """
 
 from __future__ import annotations
@@ -16,10 +24,12 @@ import numpy as np
 import torch
 
 from relbench.config import TrainConfig
-from relbench.errors import RelbenchError
-from relbench.tasks import passkey
+from relbench.errors import RelbenchError, unknown
+from relbench.tasks import mqar, passkey
 
-TASKS = ("lm", "passkey")
+TASKS = ("lm", "passkey", "mqar")
+RETRIEVAL_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)   # of the fixed trials retrieval_accuracy scores
+VALIDATION_SEED = 12345                          # of the fixed validation trials of the retrieval tasks
 
 
 def _seeded(seed: int, step: int) -> int:
@@ -60,6 +70,41 @@ def weights(length: int, answer: slice, config: TrainConfig, count: int) -> torc
     return w
 
 
+def mqar_sequences(tokens: np.ndarray, rng: np.random.Generator, count: int, length: int, tokenizer,
+                   n_pairs: int, lowest_depth: float = 0.0) -> tuple[np.ndarray, list[mqar.Trial]]:
+    """(count, length + 1) mqar trials with random pairs, depths in [lowest_depth, 1] and filler
+    offsets, and the trials."""
+    if length < mqar.min_length(n_pairs):
+        raise RelbenchError(f"mqar training with {n_pairs} pairs needs sequences of at least "
+                            f"{mqar.min_length(n_pairs)} tokens; use a longer --train-length or fewer mqar_pairs")
+    room = length + 1 - 4 * n_pairs
+    rows, drawn = [], []
+    for _ in range(count):
+        depth = float(lowest_depth + (1 - lowest_depth) * rng.random())
+        trial = mqar.draw(rng, n_pairs, tokenizer.vocab_size, depth, int(rng.integers(0, max(1, tokens.size - room))))
+        rows.append(mqar.sequence(tokens, trial, length, tokenizer)[0])
+        drawn.append(trial)
+    return np.stack(rows), drawn
+
+
+def mqar_weights(trial_list: list[mqar.Trial], length: int, config: TrainConfig) -> torch.Tensor:
+    """(count, L) loss weights of mqar trials: `answer_weight` at the values after query keys,
+    `text_weight` at filler, 0 where the target is a pair-block token or a query key (random)."""
+    w = torch.full((len(trial_list), length), float(config.text_weight))
+    for row, trial in enumerate(trial_list):
+        n = len(trial.keys)
+        start, query = mqar.layout(length, n, trial.depth)
+        w[row, max(0, start - 1): start - 1 + 2 * n] = 0.0     # targets: the pair block's tokens
+        w[row, query - 1::2] = 0.0                               # targets: the query keys
+        w[row, query::2] = float(config.answer_weight)           # targets: the queried values
+    return w
+
+
+def _lowest_depth(step: int, config: TrainConfig) -> float:
+    """The depth curriculum: at step s < N the statement is drawn from depths [1 - s/N, 1]."""
+    return max(0.0, 1.0 - step / config.depth_curriculum) if config.depth_curriculum else 0.0
+
+
 def training_batch(tokens: torch.Tensor, step: int, config: TrainConfig, length: int,
                    tokenizer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(inputs, targets, weights or None) of step `step` for the configured task."""
@@ -67,7 +112,12 @@ def training_batch(tokens: torch.Tensor, step: int, config: TrainConfig, length:
         x, y = lm_batch(tokens, step, config.seed, config.batch_size, length)
         return x, y, None
     rng = np.random.default_rng(_seeded(config.seed, step))
-    lowest = max(0.0, 1.0 - step / config.depth_curriculum) if config.depth_curriculum else 0.0
+    lowest = _lowest_depth(step, config)
+    if config.task == "mqar":
+        sequences, drawn = mqar_sequences(tokens.numpy(), rng, config.batch_size, length, tokenizer, config.mqar_pairs,
+                                          lowest)
+        window = torch.from_numpy(sequences)
+        return window[:, :-1], window[:, 1:], mqar_weights(drawn, length, config)
     sequences, answer = passkey_sequences(tokens.numpy(), rng, config.batch_size, length, tokenizer, lowest)
     window = torch.from_numpy(sequences)
     return window[:, :-1], window[:, 1:], weights(length, answer, config, config.batch_size)
@@ -76,7 +126,7 @@ def training_batch(tokens: torch.Tensor, step: int, config: TrainConfig, length:
 def validation_batches(tokens: torch.Tensor, config: TrainConfig, length: int,
                        tokenizer) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
     """Fixed (B, L + 1) validation windows (and their loss weights) for the configured task: windows
-    spread evenly over the validation split, or passkey trials on validation text (a fixed seed)."""
+    spread evenly over the validation split, or passkey or mqar trials on validation text (a fixed seed)."""
     count = config.eval_batches * config.batch_size
     if config.task == "lm":
         last = tokens.numel() - length - 1
@@ -86,6 +136,33 @@ def validation_batches(tokens: torch.Tensor, config: TrainConfig, length: int,
         starts = torch.linspace(0, last, count).long()
         windows = tokens[starts[:, None] + torch.arange(length + 1)].long()
         return [(w, None) for w in windows.split(config.batch_size)]
-    sequences, answer = passkey_sequences(tokens.numpy(), np.random.default_rng(12345), count, length, tokenizer)
-    windows, w = torch.from_numpy(sequences), weights(length, answer, config, count)
+    rng = np.random.default_rng(VALIDATION_SEED)
+    if config.task == "mqar":
+        sequences, drawn = mqar_sequences(tokens.numpy(), rng, count, length, tokenizer, config.mqar_pairs)
+        windows, w = torch.from_numpy(sequences), mqar_weights(drawn, length, config)
+    else:
+        sequences, answer = passkey_sequences(tokens.numpy(), rng, count, length, tokenizer)
+        windows, w = torch.from_numpy(sequences), weights(length, answer, config, count)
     return list(zip(windows.split(config.batch_size), w.split(config.batch_size)))
+
+
+def retrieval_accuracy(model, task: str, tokens, length: int, tokenizer, device, trials: int = 50,
+                       n_pairs: int = 4) -> float:
+    """Accuracy of `task` ("passkey" or "mqar") at `length` on a fixed, seeded set of trials from
+    `tokens` (the validation split): trials // 5 at each of RETRIEVAL_DEPTHS. Passkey: the fraction
+    of trials answered exactly; mqar (`n_pairs` pairs): the fraction of queries. The model is left
+    in the mode (train or eval) it was in."""
+    stream = tokens.numpy() if isinstance(tokens, torch.Tensor) else np.asarray(tokens)
+    per_depth = max(1, trials // len(RETRIEVAL_DEPTHS))
+    was_training = model.training
+    try:
+        if task == "passkey":
+            plan = passkey.trials(stream.size, length, list(RETRIEVAL_DEPTHS), per_depth)
+            return float(np.mean(passkey.accuracy(model, stream, plan, length, tokenizer, device)))
+        if task == "mqar":
+            plan = mqar.trials(stream.size, length, list(RETRIEVAL_DEPTHS), per_depth, n_pairs,
+                               vocab_size=tokenizer.vocab_size)
+            return float(np.mean([a.correct for a in mqar.accuracy(model, stream, plan, length, tokenizer, device)]))
+        raise unknown("retrieval task", task, ["passkey", "mqar"])
+    finally:
+        model.train(was_training)

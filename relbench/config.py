@@ -99,6 +99,12 @@ class TrainConfig:
     answer_weight: float = 1.0      # passkey: loss weight of the answer's digits
     text_weight: float = 1.0        # passkey: loss weight of every other prediction (0: answers only)
     depth_curriculum: int = 0       # passkey: over this many steps the key moves from near the question to anywhere
+    mqar_pairs: int = 4             # mqar: key-value pairs per sequence, each asked for once (relbench/tasks/mqar.py)
+    criterion_accuracy: float = 0.0 # retrieval tasks: stop once validation accuracy at the training length is at
+                                    # least this at `criterion_checks` consecutive checks (every eval_every steps);
+                                    # `steps` is then the cap. 0: train all `steps` (no criterion)
+    criterion_checks: int = 2       # consecutive checks the accuracy must hold for a model to count as learned
+    criterion_trials: int = 50      # fixed validation trials per check (5 depths for passkey)
     eval_every: int = 100           # validation loss every this many steps (and at the end)
     checkpoint_every: int = 100     # resumable checkpoint every this many steps (and on Ctrl-C / SIGTERM)
     eval_batches: int = 4           # validation batches (fixed, the same for every variant)
@@ -115,11 +121,17 @@ class TrainConfig:
             raise UsageError(f"position learning-rate multipliers must be positive numbers, got {scales}")
         if self.precision not in PRECISIONS:
             raise unknown("precision", self.precision, list(PRECISIONS))
-        if self.task not in ("lm", "passkey"):
-            raise unknown("training task", self.task, ["lm", "passkey"])
+        if self.task not in ("lm", "passkey", "mqar"):
+            raise unknown("training task", self.task, ["lm", "passkey", "mqar"])
         if min(self.answer_weight, self.text_weight) < 0 or self.answer_weight + self.text_weight <= 0 \
                 or self.depth_curriculum < 0:
             raise UsageError("answer_weight and text_weight must be >= 0 (not both 0), depth_curriculum >= 0")
+        if not 0 <= self.criterion_accuracy <= 1 or self.criterion_checks < 1 or self.criterion_trials < 5:
+            raise UsageError(f"criterion_accuracy must be in [0, 1] (got {self.criterion_accuracy}), criterion_checks "
+                             f">= 1 (got {self.criterion_checks}), criterion_trials >= 5 (got {self.criterion_trials})")
+        if self.criterion_accuracy > 0 and self.task == "lm":
+            raise UsageError("criterion_accuracy stops on retrieval accuracy, which a language-model run (task = "
+                             "\"lm\") does not measure; set task = \"passkey\" or \"mqar\", or criterion_accuracy = 0")
 
 
 @dataclass
@@ -155,7 +167,7 @@ class DataConfig:
 
 
 SECTIONS = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "eval": EvalConfig}   # the tables
-TOP_KEYS = ("description", "preset", "variants", "seeds", *SECTIONS)
+TOP_KEYS = ("description", "preset", "variants", "seeds", "retrieval", *SECTIONS)
 
 @dataclass
 class Experiment:
@@ -169,6 +181,7 @@ class Experiment:
     variants: list[str] | None = None   # None: every variant
     seeds: list[int] | None = None      # None: [0]
     description: str = ""
+    retrieval: str | None = None        # a language-model preset's retrieval track (`relbench bench`): a preset name
 
 
 def run_data(run_config: dict[str, Any]) -> DataConfig:
@@ -240,6 +253,8 @@ def _checked(table: dict[str, Any], where: str) -> dict[str, Any]:
                 what = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false",
                         "list": "a list", "dict": "a table"}[kind]
                 raise UsageError(f"{key} in [{section}] of {where} must be {what}, got {value!r}")
+    if "retrieval" in table and not isinstance(table["retrieval"], str):
+        raise UsageError(f"retrieval in {where} must be a preset name, got {table['retrieval']!r}")
     for key, kind in (("variants", str), ("seeds", int)):
         if key in table and not (isinstance(table[key], list) and all(isinstance(v, kind) for v in table[key])):
             raise UsageError(f"{key} in {where} must be a list of {kind.__name__}s, got {table[key]!r}")
@@ -285,7 +300,8 @@ def experiment(preset: str | None = None, config: str | Path | None = None,
         except TypeError as error:  # a value of the wrong type reaches a dataclass check
             raise UsageError(f"[{section}] of {config or f'preset {name}'}: {error}") from None
     return Experiment(name, sections["data"], sections["model"], sections["train"], sections["eval"],
-                      tables.get("variants"), tables.get("seeds"), tables.get("description", ""))
+                      tables.get("variants"), tables.get("seeds"), tables.get("description", ""),
+                      tables.get("retrieval"))
 
 
 def to_dict(obj: Any) -> dict[str, Any]:

@@ -5,11 +5,13 @@
                    attention.csv (how far the model looks at its training length, hard windows)
     copy        -> copy.csv     (one row per variant x seed x copy distance)
     passkey     -> passkey.csv  (one row per variant x seed x length x depth)
+    mqar        -> mqar.csv     (one row per variant x seed x length x depth x distance bin: the
+                   queries whose key is that far back; bins of powers of two, see tasks/mqar.py)
 
 Rows are written as each unit of work (a variant x seed at one length) finishes; under torchrun
 the processes share the units and rank 0 writes the rows of each round (extrapolate_run). A row already there for the same key (for perplexity the key
 holds the protocol: mode, effective stride, scored tokens and segment length; for the tasks the
-number of trials) is kept and not recomputed unless `force`, so an interrupted run computes only
+number of trials, and for mqar the number of pairs) is kept and not recomputed unless `force`, so an interrupted run computes only
 the rest when run again, and rows of different protocols never replace each other. Every row
 records the precision the model was trained in; evaluation is fp32.
 """
@@ -28,20 +30,24 @@ from relbench.attention import path_label, recording
 from relbench.errors import RelbenchError
 from relbench.evaluate import ScoredText, effective_stride, position_rows, windows
 from relbench.model import GPT
+from relbench.stats import wilson
 from relbench.positions import forms
 from relbench.profile import profile_one
 from relbench.tasks import copy as copy_task
-from relbench.tasks import passkey
+from relbench.tasks import mqar, passkey
 
 ROW_KEY = ["variant", "seed", "length", "mode", "stride", "n_tokens", "segment"]
 POSITIONS_CSV = "positions.csv"
 COPY_CSV = "copy.csv"
 PASSKEY_CSV = "passkey.csv"
+MQAR_CSV = "mqar.csv"
 ATTENTION_CSV = "attention.csv"   # how far each model looks at its training length (inspect.window_diagnostics)
 ATTENTION_KEY = ["variant", "seed", "length"]
 COPY_KEY = ["variant", "seed", "distance", "trials"]
 PASSKEY_KEY = ["variant", "seed", "length", "depth", "trials"]
 PASSKEY_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
+MQAR_KEY = ["variant", "seed", "length", "depth", "trials", "n_pairs"]   # a depth's rows (every distance bin) go together
+MQAR_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 COST = ("bias_ms", "bias_peak_mb", "attention_ms", "attention_peak_mb")
 LONG_COST = 16384   # from this length on, the layer cost is one timed call
 DONE = ("ok", "unsupported")
@@ -67,6 +73,13 @@ class Job:
     device: torch.device
     tokenizer: Any
     force: bool = False
+    mqar_pairs: int = 4     # mqar: key-value pairs per trial (the run's training value when it trained on mqar)
+
+    @staticmethod
+    def trained_pairs(run_config: dict[str, Any]) -> int:
+        """The mqar pairs a run's config.json says its models trained on; 4 for a run of another task."""
+        train = run_config.get("train", {})
+        return int(train.get("mqar_pairs", 4)) if train.get("task") == "mqar" else 4
 
 
 def _unfit(model: GPT, length: int, per_batch: int, backend: str, device: torch.device) -> Skipped | None:
@@ -160,14 +173,52 @@ def passkey_rows(model: GPT, base: dict[str, Any], length: int, depths: tuple[fl
     rows = []
     for i, depth in enumerate(depths):
         row = {**base, "length": length, "depth": depth, "trials": job.trials, "status": "ok",
-               "correct": float("nan"), "accuracy": float("nan"), "message": ""}
+               "correct": float("nan"), "accuracy": float("nan"), "acc_low": float("nan"), "acc_high": float("nan"),
+               "message": ""}
         if isinstance(unfit, Skipped):
             row.update(status=unfit.status, message=unfit.message)
         else:
             correct = sum(unfit[i * job.trials: (i + 1) * job.trials])
-            row.update(correct=correct, accuracy=correct / job.trials)
+            low, high = wilson(correct, job.trials)
+            row.update(correct=correct, accuracy=correct / job.trials, acc_low=low, acc_high=high)
         rows.append(row)
     return rows
+
+
+def mqar_rows(model: GPT, base: dict[str, Any], length: int, depths: tuple[float, ...], job: Job) -> list[list[dict]]:
+    """The mqar rows at `length`, for each depth in `depths` one row per distance bin that holds
+    queries (one row with the reason when the length did not run)."""
+    tokens = job.text.tokens.numpy()
+    unfit = _unfit(model, length, max(1, job.max_batch_tokens // length), job.backend, job.device)
+    if unfit is None and length < mqar.min_length(job.mqar_pairs):
+        unfit = Skipped("unsupported", f"an mqar trial of {job.mqar_pairs} pairs needs at least "
+                                       f"{mqar.min_length(job.mqar_pairs)} tokens")
+    # the full, fixed set of trials, of which the depths still to do are taken (as for passkey)
+    plan = [t for t in mqar.trials(tokens.size, length, list(MQAR_DEPTHS), job.trials, job.mqar_pairs,
+                                   vocab_size=job.tokenizer.vocab_size) if t.depth in depths]
+    if unfit is None:
+        unfit = _guarded(lambda: mqar.accuracy(model, tokens, plan, length, job.tokenizer, job.device,
+                                               job.max_batch_tokens), length, job.device)
+    out = []
+    for i, depth in enumerate(depths):
+        common = {**base, "length": length, "depth": depth, "trials": job.trials, "n_pairs": job.mqar_pairs}
+        if isinstance(unfit, Skipped):
+            out.append([{**common, "distance_low": float("nan"), "distance_high": float("nan"), "queries": 0,
+                         "correct": float("nan"), "accuracy": float("nan"), "acc_low": float("nan"),
+                         "acc_high": float("nan"), "status": unfit.status, "message": unfit.message}])
+            continue
+        answers = [a for a in unfit if i * job.trials <= a.trial < (i + 1) * job.trials]
+        bins: dict[tuple[int, int], list[bool]] = {}
+        for answer in answers:
+            bins.setdefault(mqar.distance_bin(answer.distance), []).append(answer.correct)
+        rows = []
+        for (low, high), correct in sorted(bins.items()):
+            acc_low, acc_high = wilson(sum(correct), len(correct))
+            rows.append({**common, "distance_low": low, "distance_high": high, "queries": len(correct),
+                         "correct": sum(correct), "accuracy": sum(correct) / len(correct), "acc_low": acc_low,
+                         "acc_high": acc_high, "status": "ok", "message": ""})
+        out.append(rows)
+    return out
 
 
 def attention_row(model: GPT, base: dict[str, Any], text: ScoredText, windows_used: int = 4) -> dict:
@@ -210,7 +261,7 @@ class Unit:
     """The work on one variant x seed at one length: a perplexity row per mode, the copy rows whose
     inputs have this length, the passkey depths; the pair's first unit also takes the adjacent copy
     (its inputs match no evaluated length) and the attention row. Under torchrun the units are what
-    the processes share."""
+    the processes share. `depths` are passkey's, `mqar_depths` mqar's."""
     spec: str
     seed: int
     length: int
@@ -219,10 +270,11 @@ class Unit:
     copies: tuple[tuple[int, int], ...] = ()     # (distance, input length)
     depths: tuple[float, ...] = ()
     attention: bool = False
+    mqar_depths: tuple[float, ...] = ()
 
     @property
     def empty(self) -> bool:
-        return not (self.modes or self.copies or self.depths or self.attention)
+        return not (self.modes or self.copies or self.depths or self.attention or self.mqar_depths)
 
 
 Update = tuple[str, dict, list]   # (CSV name, key, rows): the rows replace those that match every value of the key
@@ -233,7 +285,7 @@ class Tables:
     the same tables); only rank 0 writes the CSVs an update changed."""
 
     KEYS = {results.EXTRAPOLATION_CSV: ROW_KEY, ATTENTION_CSV: ATTENTION_KEY, COPY_CSV: COPY_KEY,
-            PASSKEY_CSV: PASSKEY_KEY}
+            PASSKEY_CSV: PASSKEY_KEY, MQAR_CSV: MQAR_KEY}
 
     def __init__(self, run_dir: Path):
         self.run_dir = Path(run_dir)
@@ -247,6 +299,13 @@ class Tables:
     def row(self, name: str, row: dict[str, Any]) -> Update:
         """The update that puts `row` in place of the one with its key."""
         return name, {k: row[k] for k in self.KEYS[name]}, [row]
+
+    def rows(self, name: str, rows: list[dict[str, Any]]) -> Update:
+        """The update that puts `rows`, which share one key, in place of those with that key."""
+        key = {k: rows[0][k] for k in self.KEYS[name]}
+        if any({k: r[k] for k in key} != key for r in rows):
+            raise ValueError(f"rows of one {name} update with different keys")
+        return name, key, rows
 
     def merge(self, updates: list[Update]) -> None:
         for name, key, rows in updates:
@@ -290,9 +349,12 @@ def pair_units(tables: Tables, spec: str, seed: int, base: dict[str, Any], job: 
         mine = [(d, n) for d, n in copies if n == length or (i == 0 and n not in job.lengths)]
         depths = [d for d in PASSKEY_DEPTHS if "passkey" in job.tasks and todo(
             PASSKEY_CSV, length=length, depth=d, trials=job.trials)]
+        mqar_depths = [d for d in MQAR_DEPTHS if "mqar" in job.tasks and todo(
+            MQAR_CSV, length=length, depth=d, trials=job.trials, n_pairs=job.mqar_pairs)]
         units.append(Unit(spec, seed, length, base, tuple(modes),
                           tuple((d, n) for d, n in mine if todo(COPY_CSV, distance=d, trials=job.trials)),
-                          tuple(depths), i == 0 and todo(ATTENTION_CSV, length=base["train_length"])))
+                          tuple(depths), i == 0 and todo(ATTENTION_CSV, length=base["train_length"]),
+                          tuple(mqar_depths)))
     return units
 
 
@@ -349,6 +411,12 @@ def unit_updates(unit: Unit, model: GPT, job: Job, tables: Tables,
         updates += [tables.row(PASSKEY_CSV, row) for row in rows]
         shown = " ".join(f"{r['depth']:.2f}:{r['accuracy']:.0%}" if r["status"] == "ok" else r["status"] for r in rows)
         lines.append(f"{unit.spec:<12} seed {unit.seed} passkey L={unit.length:<6} {shown}")
+    if unit.mqar_depths:
+        per_depth = mqar_rows(model, base, unit.length, unit.mqar_depths, job)
+        updates += [tables.rows(MQAR_CSV, rows) for rows in per_depth]
+        shown = " ".join(f"{rows[0]['depth']:.2f}:{sum(r['correct'] for r in rows) / sum(r['queries'] for r in rows):.0%}"
+                         if rows[0]["status"] == "ok" else rows[0]["status"] for rows in per_depth)
+        lines.append(f"{unit.spec:<12} seed {unit.seed} mqar L={unit.length:<6} {shown}")
     return updates, lines
 
 

@@ -6,7 +6,8 @@
   the training length marked;
 - learned_bias.png: the learned bias against relative distance, per head, for every trained
   variant with a learned distance bias (xl, t5, ...), with ALiBi's fixed lines for comparison;
-- passkey.png: passkey accuracy per variant, length by depth of the key (passkey.csv);
+- passkey.png, mqar.png: retrieval accuracy per variant, length by depth of the key (passkey.csv) or
+  by distance from pair to query (mqar.csv), over the seeds that learned the task at 1x;
 - copy_distance.png: loss with / without an earlier copy of the text against its distance (copy.csv);
 - attention_cost.png: attention time against length per backend, from profile.csv.
 
@@ -199,29 +200,47 @@ def attention_cost(profile: pd.DataFrame, path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def passkey_heatmaps(keys: pd.DataFrame, train_length: int, path: Path) -> Path | None:
-    """Passkey accuracy per variant: evaluation length (x) by depth of the key (y), mean over seeds."""
-    ok = keys[keys["status"] == "ok"]
+def retrieval_heatmaps(rows: pd.DataFrame, train_length: int, path: Path, learned: set[tuple[str, int]],
+                       kind: str = "passkey") -> Path | None:
+    """Retrieval accuracy per variant, one panel each: evaluation length (x) by where the answer sits
+    (y: the key's depth for passkey; the distance from pair to query, in power-of-two bins, for MQAR),
+    pooled over the seeds that learned the task at the training length (`learned`: (variant, seed)).
+    A variant with no learned seed gets an empty panel titled "not learned"."""
+    ok = rows[rows["status"] == "ok"]
     if ok.empty:
         return None
+    ok = ok.assign(place=ok["depth"] if kind == "passkey" else ok["distance_low"])
+    count = "trials" if kind == "passkey" else "queries"
     variants = list(dict.fromkeys(ok["variant"]))
     lengths = sorted(ok["length"].unique())
-    depths = sorted(ok["depth"].unique())
-    fig, axes = _grid(len(variants), width=3.4, height=2.8)
+    places = sorted(ok["place"].unique())
+    fig, axes = _grid(len(variants), width=3.4, height=2.8 if kind == "passkey" else 3.4)
     image = None
     for ax, variant in zip(axes, variants):
-        mean = ok[ok["variant"] == variant].groupby(["depth", "length"])["accuracy"].mean().unstack("length")
-        grid = mean.reindex(index=depths, columns=lengths).to_numpy(dtype=float)
+        mine = ok[(ok["variant"] == variant) & ok["seed"].map(lambda s, v=variant: (v, int(s)) in learned)]
+        ax.set_xticks(range(len(lengths)), [f"{n:g}" + ("*" if n == train_length else "") for n in lengths], fontsize=7)
+        labels = [f"{d:.0%}" for d in places] if kind == "passkey" else [f"{int(d):g}" for d in places]
+        ax.set_yticks(range(len(places)), labels, fontsize=6 if len(places) > 8 else 7)
+        seeds = mine["seed"].nunique()
+        total = ok[ok["variant"] == variant]["seed"].nunique()
+        if mine.empty:
+            ax.set_title(f"{variant}: not learned (0/{total})", fontsize=9)
+            ax.set_xlim(-0.5, len(lengths) - 0.5)
+            ax.set_ylim(-0.5, len(places) - 0.5)
+            continue
+        pooled = mine.groupby(["place", "length"])[["correct", count]].sum()
+        grid = (pooled["correct"] / pooled[count]).unstack("length").reindex(index=places, columns=lengths)
+        grid = grid.to_numpy(dtype=float)
         image = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
         for (i, j), value in np.ndenumerate(grid):
             if not np.isnan(value):
-                ax.text(j, i, f"{value:.0%}", ha="center", va="center", fontsize=6,
+                ax.text(j, i, f"{value:.0%}", ha="center", va="center", fontsize=5 if len(places) > 8 else 6,
                         color="white" if value < 0.6 else "black")
-        ax.set_xticks(range(len(lengths)), [f"{n:g}" + ("*" if n == train_length else "") for n in lengths], fontsize=7)
-        ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths], fontsize=7)
-        ax.set_title(variant, fontsize=9)
-    axes[0].set(xlabel="length (* training)", ylabel="depth of the key")
-    fig.colorbar(image, ax=axes, shrink=0.6, label="passkey accuracy")
+        ax.set_title(f"{variant} ({seeds}/{total} seeds learned)" if total > 1 else variant, fontsize=9)
+    axes[0].set(xlabel="length (* training)", ylabel="depth of the key" if kind == "passkey"
+                else "distance pair -> query (bin from)")
+    if image is not None:
+        fig.colorbar(image, ax=axes, shrink=0.6, label=f"{kind} accuracy")
     return _save(fig, path)
 
 
@@ -263,11 +282,14 @@ def render_all(run_dir: Path, config: dict[str, Any], summary: pd.DataFrame | No
         bias = learned_bias(run_dir, config, folder / "learned_bias.png")
         if bias is not None:
             out["learned bias"] = bias
-    from relbench.extrapolate import COPY_CSV, PASSKEY_CSV
+    from relbench.extrapolate import COPY_CSV, MQAR_CSV, PASSKEY_CSV
+    from relbench.reach import run_reach
 
-    if config and (run_dir / PASSKEY_CSV).is_file():
-        out["passkey"] = passkey_heatmaps(results.read_csv(run_dir / PASSKEY_CSV), int(config["model"]["train_length"]),
-                                          folder / "passkey.png")
+    for name, kind in ((PASSKEY_CSV, "passkey"), (MQAR_CSV, "mqar")):
+        if config and (run_dir / name).is_file():
+            learned = {(v, s) for v, r in run_reach(run_dir, name).items() for s in r.learned_seeds}
+            out[kind] = retrieval_heatmaps(results.read_csv(run_dir / name), int(config["model"]["train_length"]),
+                                           folder / f"{kind}.png", learned, kind)
     if config and (run_dir / COPY_CSV).is_file():
         out["copy distance"] = copy_distance(results.read_csv(run_dir / COPY_CSV), int(config["model"]["train_length"]),
                                              folder / "copy_distance.png")

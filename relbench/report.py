@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from relbench import checkpoints, finetune, results
+from relbench import reach as reach_module
 from relbench.config import run_data
 from relbench.errors import RelbenchError
 from relbench.stats import summarize, unresolved
@@ -254,7 +255,12 @@ def markdown_table(header: list[str], body: list[list[str]]) -> str:
 
 
 TASK_TABLES = (("copy.csv", "Copy distance: loss with an earlier copy of the text / without it (1.00: not used)"),
-               ("passkey.csv", "Passkey accuracy (mean over depths), and reach: the longest length at 90% or more"))
+               ("passkey.csv", "Passkey accuracy (all depths pooled; mean over the seeds that learned, per seed in "
+                               "brackets), and reach: the longest length at 90% or more"),
+               ("mqar.csv", "MQAR accuracy (all queries pooled; mean over the seeds that learned, per seed in "
+                            "brackets), and reach: the longest length at 90% or more"))
+HEADLINE_TITLE = ("Headline: does a model that uses its context at the training length still use it longer, "
+                  "and at what cost")
 
 
 def render(run_dir: Path, console: Console, plots: bool = True) -> dict[str, Path]:
@@ -277,7 +283,12 @@ def render(run_dir: Path, console: Console, plots: bool = True) -> dict[str, Pat
     if has_rows:
         rows = load_rows(run_dir)
         summary = aggregate(rows, config)
+    notes: list[str] = []
     if config:
+        top = overview.headline(run_dir, config, summary, rows)
+        if top is not None:
+            header, body, notes = top
+            sections.append((HEADLINE_TITLE, header, body))
         table = overview.overview(run_dir, summary, int(config["model"]["train_length"]))
         if table is not None:
             sections.append(("Overview: perplexity ratio, use of distant context, retrieval, attention reach", *table))
@@ -293,8 +304,12 @@ def render(run_dir: Path, console: Console, plots: bool = True) -> dict[str, Pat
                 sections.append((f"Fine-tuning to the target length: perplexity zero-shot -> after fine-tuning, "
                                  f"{protocol}", *tuned))
     for name, title in tasks:
-        render_table = overview.copy_table if name == "copy.csv" else overview.passkey_table
-        sections.append((title, *render_table(results.read_csv(run_dir / name))))
+        if name == "copy.csv":
+            sections.append((title, *overview.copy_table(results.read_csv(run_dir / name))))
+        else:
+            found = reach_module.run_reach(run_dir, name)
+            if found:
+                sections.append((title, *reach_module.reach_table(found, name.split(".")[0])))
     if has_rows:
         sections.append(("Cost per layer, batch 1: building the position terms / attention (ms)", *cost_table(rows, config)))
     if config:
@@ -306,6 +321,9 @@ def render(run_dir: Path, console: Console, plots: bool = True) -> dict[str, Pat
         sections.append((PROFILE_TITLE, *profile_table(results.read_csv(run_dir / PROFILE_CSV))))
     for title, header, body in sections:
         console.print(rich_table(title, header, body))
+        if title == HEADLINE_TITLE:
+            for note in notes:
+                console.print(note, markup=False)
     figures = {}
     if plots:
         from relbench import plots as plotting
@@ -313,12 +331,12 @@ def render(run_dir: Path, console: Console, plots: bool = True) -> dict[str, Pat
         figures = plotting.render_all(run_dir, config, summary)
         written.update({f"plot:{name}": path for name, path in figures.items()})
     written["report"] = run_dir / REPORT_MD
-    results.atomic_write_text(written["report"], markdown(config, rows, summary, sections, figures, run_dir))
+    results.atomic_write_text(written["report"], markdown(config, rows, summary, sections, figures, run_dir, notes))
     return written
 
 
 def markdown(config: dict[str, Any], rows: pd.DataFrame | None, summary: pd.DataFrame | None, sections,
-             figures: dict[str, Path], run_dir: Path) -> str:
+             figures: dict[str, Path], run_dir: Path, notes: list[str] | None = None) -> str:
     lines = ["# relbench report"]
     if config:
         lines += ["", *describe_run(config)]
@@ -337,6 +355,8 @@ def markdown(config: dict[str, Any], rows: pd.DataFrame | None, summary: pd.Data
                       "is higher for the same model quality; for byte tokens bits per byte is the loss / ln 2."]
     for title, header, body in sections:
         lines += ["", f"## {title}", "", markdown_table(header, body)]
+        if title == HEADLINE_TITLE:
+            lines += [line for note in notes or [] for line in ("", note)]
     if figures:
         lines += ["", "## Plots", ""]
         lines += [f"![{name}]({path.relative_to(run_dir)})" for name, path in figures.items()]

@@ -71,3 +71,16 @@ def unresolved(a: dict[int, float], b: dict[int, float]) -> bool | None:
         return None
     summary = summarize(differences)
     return summary.low <= 0 <= summary.high
+
+
+def wilson(successes: float, trials: int, z: float = _Z975) -> tuple[float, float]:
+    """Wilson score interval (two-sided 95% by default) of a proportion `successes / trials`
+    (Wilson 1927): unlike the normal approximation it stays inside [0, 1] and is not zero-width at
+    0% or 100%. (nan, nan) for no trials."""
+    if trials <= 0:
+        return math.nan, math.nan
+    p = successes / trials
+    denominator = 1 + z * z / trials
+    centre = (p + z * z / (2 * trials)) / denominator
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denominator
+    return max(0.0, centre - half), min(1.0, centre + half)

@@ -48,3 +48,15 @@ class Diverged(Exception):
     def __init__(self, step: int, loss: float):
         super().__init__(f"loss {loss} at step {step}")
         self.step, self.loss = step, loss
+
+
+def learned_at(checks: list[tuple[int, float]], accuracy: float, consecutive: int) -> int | None:
+    """Training to criterion: the step at which a model counts as having learned its retrieval task,
+    given its validation checks so far ((step, accuracy) in step order), or None while it has not.
+    A model has learned when the last `consecutive` checks all reach `accuracy`; the step returned is
+    the first of those checks (when it got there, not when it was confirmed). A criterion of 0 never
+    stops training."""
+    if accuracy <= 0 or len(checks) < consecutive:
+        return None
+    held = checks[-consecutive:]
+    return int(held[0][0]) if all(a >= accuracy for _, a in held) else None

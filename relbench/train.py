@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from relbench import checkpoints, distributed, positions, results, tracking
-from relbench.batches import training_batch, validation_batches
+from relbench.batches import retrieval_accuracy, training_batch, validation_batches
 from relbench.config import ModelConfig, TrainConfig, to_dict
 from relbench.data import Splits
 from relbench.errors import RelbenchError
@@ -30,7 +30,7 @@ from relbench.memory import is_out_of_memory
 from relbench.inspect import attention_logit_max
 from relbench.model import GPT
 from relbench.positions import forms
-from relbench.stopping import Diverged, Interrupted, StopRequest
+from relbench.stopping import Diverged, Interrupted, StopRequest, learned_at
 
 
 def lr_at(step: int, config: TrainConfig) -> float:
@@ -216,30 +216,40 @@ def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, spl
     pace_from = first_step
     position_grads: dict[str, float] = {}
     grad_norm = torch.tensor(float("nan"))
+    retrieval = config.task != "lm"
+    state.setdefault("checks", [])           # (step, validation accuracy at the training length) of a retrieval task
     for step in range(state["step"], config.steps):
         lr = lr_at(step, config)
         for group in optimizer.param_groups:
             group["lr"] = lr * group["lr_scale"]
         x, y, weights = training_batch(train_tokens, data_offset + step, config, length, splits.tokenizer)
         loss, grad_norm = forward_backward(trained, optimizer, x, y, weights, device, config, step)
-        if step == config.steps - 1:  # what reaches the position parameters at the end, after clipping
-            position_grads = {name: p.grad.norm().item()
-                              for name, p in model.positions.named_parameters() if p.grad is not None}
         optimizer_step(model, optimizer)
         done = step + 1
-        last = done == config.steps
         state["running"] += loss.item()
         state["running_n"] += 1
-        if done % config.eval_every == 0 or last:
+        check = done % config.eval_every == 0 or done == config.steps
+        accuracy = float("nan")
+        if check:
             state["val"] = validation_loss(model, val_batches, device)
-        if done % log_every == 0 or done % config.eval_every == 0 or last:
+            if retrieval:
+                accuracy = retrieval_accuracy(model, config.task, splits.validation, length, splits.tokenizer, device,
+                                              config.criterion_trials, config.mqar_pairs)
+                state["checks"].append((done, accuracy))
+        learned = learned_at(state["checks"], config.criterion_accuracy, config.criterion_checks)
+        # every rank measured the same model on the same trials; the decision is made the same everywhere
+        last = done == config.steps or bool(distributed.max_all(int(learned is not None), device))
+        if last:  # what reaches the position parameters at the end, after clipping (step() keeps .grad)
+            position_grads = {name: p.grad.norm().item()
+                              for name, p in model.positions.named_parameters() if p.grad is not None}
+        if done % log_every == 0 or check or last:
             max_logit = attention_logit_max(model, x[:1].to(device))   # the batch's first sequence, on every rank
             state["max_logit"] = max(state["max_logit"], max_logit)
             elapsed = state["elapsed"] + time.perf_counter() - started
             state["rows"].append({
                 "variant": spec, "seed": config.seed, "step": done, "tokens": done * tokens_per_step, "lr": lr,
                 "train_loss": state["running"] / state["running_n"],
-                "val_loss": state["val"] if (done % config.eval_every == 0 or last) else float("nan"),
+                "val_loss": state["val"] if check else float("nan"), "val_accuracy": accuracy,
                 "max_attention_logit": max_logit, "elapsed_s": elapsed,
                 "tokens_per_s": (done - first_step) * tokens_per_step / (time.perf_counter() - started)})
             if on_row is not None:
@@ -266,14 +276,33 @@ def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, spl
             raise Interrupted(f"interrupted: {spec} seed {config.seed} stopped at step {done} of {config.steps} and "
                               f"saved in {folder}; run the same `{start.command if start else 'relbench train'}` again to resume",
                               signum)
+        if last:
+            break
     seconds = state["elapsed"] + time.perf_counter() - started
-    summary = {"variant": spec, "seed": config.seed, "steps": config.steps, "val_loss": state["val"],
+    criterion = config.criterion_accuracy > 0
+    learned = learned_at(state["checks"], config.criterion_accuracy, config.criterion_checks)
+    summary = {"variant": spec, "seed": config.seed, "steps": state["step"], "step_cap": config.steps,
+               "val_loss": state["val"],
+               "val_accuracy": state["checks"][-1][1] if state["checks"] else float("nan"),
+               "criterion": config.criterion_accuracy if criterion else None,
+               "learned": (learned is not None) if criterion else None, "learned_step": learned,
                "position_lr_scale": scale, "position_lr_source": scale_source, "precision": config.precision,
                "grad_norm": float(grad_norm), "position_grad_norms": position_grads,
                "max_attention_logit": state["max_logit"], "train_seconds": seconds,
-               "tokens_per_s": config.steps * tokens_per_step / seconds,
+               "tokens_per_s": state["step"] * tokens_per_step / seconds,
                "n_params": model.n_params(), "position_params": model.n_params(positions_only=True)}
     return model, state["rows"], summary
+
+
+def learned_text(summary: dict[str, Any]) -> str:
+    """"; learned at step 700 (95% at 2 checks)" or "; NOT learned within its 3000 steps" for a run
+    trained to criterion; "" otherwise."""
+    if summary.get("learned") is None:
+        return ""
+    if summary["learned"]:
+        return f"; learned at step {summary['learned_step']} (accuracy >= {summary['criterion']:.0%} held)"
+    return (f"; NOT learned within its {summary['step_cap']} steps (last validation accuracy "
+            f"{summary['val_accuracy']:.0%}): reported as not learned, not as a failure to extrapolate")
 
 
 def make_progress(console: Console) -> Progress:
@@ -357,7 +386,8 @@ def train_run(run_dir: Path, specs: list[str], seeds: list[int], run_config: dic
                     append_rows(Path(run_dir) / results.TRAIN_CSV, spec, seed, rows)
                     checkpoints.save_checkpoint(folder, model, meta)
                 progress.console.print(f"{label}: validation loss {summary['val_loss']:.4f} after {summary['steps']} "
-                                       f"steps, {summary['train_seconds']:.0f} s, {summary['tokens_per_s']:,.0f} tokens/s")
+                                       f"steps, {summary['train_seconds']:.0f} s, {summary['tokens_per_s']:,.0f} tokens/s"
+                                       + learned_text(summary), markup=False)
                 summaries.append(summary)
     if failures:
         raise RelbenchError(f"{len(failures)} training run(s) diverged, the others finished: " + " | ".join(failures))

@@ -11,6 +11,7 @@ notice ("survived") is a gap in the tests.
     python tests/mutation_check.py -k frontier  # the data-dependent biases (FoX, CoPE, DAPE)
     python tests/mutation_check.py -k forms     # evaluation forms (PI, NTK, YaRN, logn, table forms)
     python tests/mutation_check.py -k finetune  # fine-tuning to the target length (relbench finetune)
+    python tests/mutation_check.py -k mqar      # multi-query associative recall (trials, weights, rows)
 
 Not collected by pytest (its name does not start with test_); it takes a few minutes.
 """
@@ -38,6 +39,7 @@ TOK, CONFIG = "tests/test_tokenizers.py::", "tests/test_config.py::"
 FRONTIER = ["tests/test_frontier.py"]
 FORMS = ["tests/test_forms.py"]
 FINETUNE = ["tests/test_finetune.py"]
+MQAR = ["tests/test_mqar.py"]
 MUTATIONS = [
     ("bias sign flipped on the reference path", "relbench/attention.py",
      "scores = scores + plan.full().to(scores.dtype)", "scores = scores - plan.full().to(scores.dtype)"),
@@ -215,6 +217,25 @@ MUTATIONS = [
     ("config: the file's values under the options, not over them", "relbench/config.py",
      "cls(**{**tables.get(section, {}), **given})", "cls(**{**given, **tables.get(section, {})})",
      [CONFIG + "test_file_over_preset_and_options_over_file"]),
+    ("mqar: keys not distinct (drawn with replacement)", "relbench/tasks/mqar.py",
+     "chosen = rng.choice(len(keys), n_pairs, replace=False)", "chosen = rng.choice(len(keys), n_pairs, replace=True)",
+     MQAR),
+    ("mqar: answer targets one position early (at the value before the query key)", "relbench/tasks/mqar.py",
+     "return tokens, asked, asked - (start + 2 * order)", "return tokens, asked - 1, asked - (start + 2 * order)", MQAR),
+    ("mqar: filler not cleaned of the task's tokens", "relbench/tasks/mqar.py",
+     "filler = clean(filler, tokenizer.vocab_size, filler_token(tokenizer))", "filler = filler.astype(np.int64)", MQAR),
+    ("mqar: distance to the pair at the query's index, not to the queried pair", "relbench/tasks/mqar.py",
+     "asked - (start + 2 * order)", "asked - (start + 2 * np.arange(n))", MQAR),
+    ("mqar: query keys weighted as text in training", "relbench/batches.py",
+     "w[row, query - 1::2] = 0.0", "pass", MQAR),
+    ("mqar: the pair block weighted as text in training", "relbench/batches.py",
+     "w[row, max(0, start - 1): start - 1 + 2 * n] = 0.0", "pass", MQAR),
+    ("mqar: retrieval_accuracy leaves the model in eval mode", "relbench/batches.py",
+     "model.train(was_training)", "pass", MQAR),
+    ("mqar: extrapolate ignores the run's mqar_pairs", "relbench/cli.py",
+     "mqar_pairs=Job.trained_pairs(config))", "mqar_pairs=4)", MQAR),
+    ("mqar: passkey rows' Wilson interval over one trial too many", "relbench/extrapolate.py",
+     "low, high = wilson(correct, job.trials)", "low, high = wilson(correct, job.trials + 1)", MQAR),
 ]
 
 

@@ -115,7 +115,7 @@ def test_bench_with_the_committed_example_file_offline(tmp_path):
     """The example file names three variants, two seeds and perplexity only; --preset tiny and short
     lengths keep it to seconds (options override the file)."""
     run_dir = tmp_path / "three"
-    result = run("bench", "--config", ROOT / "examples" / "three-schemes.toml", "--preset", "tiny",
+    result = run("bench", "--track", "lm", "--config", ROOT / "examples" / "three-schemes.toml", "--preset", "tiny",
                  "--lengths", 32, 64, "--run-dir", run_dir)
     assert result.exit_code == 0, result.output
     rows = pd.read_csv(run_dir / "extrapolation.csv")

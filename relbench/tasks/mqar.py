@@ -1,0 +1,162 @@
+"""Multi-query associative recall (Arora et al. 2023, "Zoology: Measuring and Improving Recall in
+Efficient Language Models"): `n_pairs` key-value pairs stated once as a block inside filler text,
+then every key asked for once, in a random order, at the end of the window.
+
+    ... filler ... k1 v1 k2 v2 k3 v3 k4 v4 ... filler ... k3 v3 k1 v1 k4 v4 k2 v2
+                   '----- pair block -----'                '---- query block ----'
+
+The pair block sits at a chosen depth of the filler (0: at the window's start, 1: right before the
+query block); the query block always ends the window. Teacher forcing: each query's value is the
+target of the prediction made at the query key, and the next input. A query is correct when the
+argmax there is its value, so one forward pass scores every query of a trial. Only those
+predictions are answers: the pair block and the query keys are random, unpredictable tokens.
+
+Alphabet: for a vocabulary of V tokens the task owns the upper half [V/2, V): keys are
+[V/2, V/2 + V/4) and values [V/2 + V/4, V), two disjoint sets (keys distinct within a trial, values
+drawn with replacement). Filler is real text of the split being used (like passkey), with every
+token of the upper half replaced by the tokenizer's space, so key and value tokens occur only in the
+pair block and the queries. With bytes the alphabet is the non-ASCII bytes 128..255 (64 keys, 64
+values), which English text hardly uses; with a BPE the upper half are the later merges.
+
+Distances: a query's distance is its key's position minus the position of the same key in the pair
+block. Reports bin them by powers of two, [1, 2), [2, 4), [4, 8), ... (distance_bin).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from relbench.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Trial:
+    keys: tuple[int, ...]     # (n_pairs,) distinct key tokens, in pair-block order
+    values: tuple[int, ...]   # (n_pairs,) value tokens, values[j] belongs to keys[j]
+    order: tuple[int, ...]    # (n_pairs,) the pairs in the order they are asked for (a permutation)
+    depth: float              # where the pair block starts, as a fraction of the filler (0 .. 1)
+    filler_start: int         # offset of the filler in the token stream
+
+
+class Answer(NamedTuple):
+    trial: int        # index into the trial list
+    distance: int     # tokens from the key in the pair block to the query key
+    correct: bool     # whether the argmax at the query key is its value
+
+
+def alphabet(vocab_size: int) -> tuple[range, range]:
+    """The key tokens [V/2, V/2 + V/4) and the value tokens [V/2 + V/4, V) of a vocabulary of V."""
+    half, quarter = vocab_size // 2, vocab_size // 4
+    return range(half, half + quarter), range(half + quarter, vocab_size)
+
+
+def check_pairs(n_pairs: int, vocab_size: int) -> None:
+    keys, _ = alphabet(vocab_size)
+    if not 1 <= n_pairs <= len(keys):
+        raise UsageError(f"mqar needs 1 to {len(keys)} pairs (distinct keys from a quarter of the vocabulary of "
+                         f"{vocab_size}), got {n_pairs}; set mqar_pairs in that range")
+
+
+def min_length(n_pairs: int) -> int:
+    """The shortest window (inputs) that holds a trial without filler: the pair block and the query
+    block are 2 * n_pairs tokens each, and the last value is a target, not an input."""
+    return 4 * n_pairs - 1
+
+
+def layout(length: int, n_pairs: int, depth: float) -> tuple[int, int]:
+    """(start of the pair block, start of the query block) as indices of the length + 1 tokens."""
+    room = length + 1 - 4 * n_pairs           # filler tokens
+    if room < 0:
+        raise UsageError(f"mqar with {n_pairs} pairs needs windows of at least {min_length(n_pairs)} tokens, got "
+                         f"{length}; use longer windows or fewer pairs")
+    return int(round(depth * room)), room + 2 * n_pairs
+
+
+def filler_token(tokenizer) -> int:
+    """The token that stands in for filler tokens of the task's alphabet: the tokenizer's space."""
+    space = np.asarray(tokenizer.encode(" "))
+    if space.size != 1 or int(space[0]) >= tokenizer.vocab_size // 2:
+        raise UsageError(f"tokenizer {tokenizer.name} does not encode a space as one token below half its vocabulary, "
+                         f"which mqar's filler needs; use bytes or a byte-level BPE")
+    return int(space[0])
+
+
+def clean(filler: np.ndarray, vocab_size: int, space: int) -> np.ndarray:
+    """`filler` with every token of the task's alphabet (the upper half) replaced by `space`."""
+    return np.where(filler >= vocab_size // 2, space, filler).astype(np.int64)
+
+
+def sequence(stream: np.ndarray, trial: Trial, length: int, tokenizer) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(length + 1,) tokens: inputs are the first `length`, targets the last `length`; the (n_pairs,)
+    target positions that hold the queried values, in query order; and the (n_pairs,) distance of
+    each query key from its key in the pair block."""
+    n = len(trial.keys)
+    keys, values = alphabet(tokenizer.vocab_size)
+    if not all(k in keys for k in trial.keys) or not all(v in values for v in trial.values):
+        raise UsageError(f"the trial's keys and values are not in the alphabet of a vocabulary of "
+                         f"{tokenizer.vocab_size} (trials drawn for another vocabulary size?)")
+    start, query = layout(length, n, trial.depth)
+    room = length + 1 - 4 * n
+    filler = stream[trial.filler_start: trial.filler_start + room]
+    if filler.size < room:
+        raise UsageError(f"the text has too few tokens after offset {trial.filler_start} for {room} tokens of mqar filler")
+    filler = clean(filler, tokenizer.vocab_size, filler_token(tokenizer))
+    pairs = np.stack([trial.keys, trial.values], 1).reshape(-1)                         # (2n,) k1 v1 k2 v2 ...
+    order = np.asarray(trial.order)
+    queries = np.stack([pairs[2 * order], pairs[2 * order + 1]], 1).reshape(-1)       # (2n,) in query order
+    tokens = np.concatenate([filler[:start], pairs, filler[start:], queries]).astype(np.int64)
+    asked = query + 2 * np.arange(n)                       # token index of each query key
+    # the value after query key t is token t + 1, i.e. target position t
+    return tokens, asked, asked - (start + 2 * order)
+
+
+def draw(rng: np.random.Generator, n_pairs: int, vocab_size: int, depth: float, filler_start: int) -> Trial:
+    """A random trial: distinct keys, values with replacement, the pairs asked for in a random order."""
+    check_pairs(n_pairs, vocab_size)
+    keys, values = alphabet(vocab_size)
+    chosen = rng.choice(len(keys), n_pairs, replace=False)
+    picked = rng.integers(0, len(values), n_pairs)
+    return Trial(tuple(keys.start + int(k) for k in chosen), tuple(values.start + int(v) for v in picked),
+                 tuple(int(i) for i in rng.permutation(n_pairs)), float(depth), int(filler_start))
+
+
+def trials(stream_size: int, length: int, depths: list[float], per_depth: int, n_pairs: int, seed: int = 0,
+           vocab_size: int = 256) -> list[Trial]:
+    """A fixed, seeded set of trials: for each depth, `per_depth` trials with filler offsets spread
+    over the stream (the same for every variant, as they depend on nothing else). `vocab_size` is
+    the tokenizer's (the alphabet's); sequence() refuses trials drawn for another one."""
+    generator = np.random.default_rng(seed)
+    last = max(0, stream_size - length - 1)
+    out = []
+    for depth in depths:
+        starts = np.linspace(0, last, per_depth + 2)[1:-1] if per_depth > 1 else [last / 2]
+        out += [draw(generator, n_pairs, vocab_size, depth, int(start)) for start in starts]
+    return out
+
+
+def distance_bin(distance: int) -> tuple[int, int]:
+    """The power-of-two bin [low, high) that holds `distance` (>= 1): [1, 2), [2, 4), [4, 8), ..."""
+    low = 1 << (int(distance).bit_length() - 1)
+    return low, 2 * low
+
+
+@torch.no_grad()
+def accuracy(model, stream: np.ndarray, trial_list: list[Trial], length: int, tokenizer, device,
+             max_batch_tokens: int = 16384) -> list[Answer]:
+    """One Answer per query of every trial (trial by trial, in query order)."""
+    model.eval()
+    out = []
+    per_batch = max(1, max_batch_tokens // length)
+    for b in range(0, len(trial_list), per_batch):
+        batch = [sequence(stream, t, length, tokenizer) for t in trial_list[b: b + per_batch]]
+        tokens = torch.from_numpy(np.stack([tokens for tokens, _, _ in batch])).to(device)    # (B, length + 1)
+        asked = torch.from_numpy(np.stack([a for _, a, _ in batch])).to(device)              # (B, n)
+        predicted = model(tokens[:, :-1]).argmax(-1).gather(1, asked)                      # (B, n)
+        correct = (predicted == tokens[:, 1:].gather(1, asked)).tolist()
+        for i, (_, _, distances) in enumerate(batch):
+            out += [Answer(b + i, int(d), bool(c)) for d, c in zip(distances, correct[i])]
+    return out
