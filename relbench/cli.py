@@ -239,15 +239,15 @@ def extrapolate_command(
     lengths: Lengths = None,
     variants: Variants = None,
     run_dir: RunDir = results.DEFAULT_RUN_DIR,
-    task: Annotated[list[str] | None, typer.Option(help="perplexity, copy, passkey, or several (default: the "
-                                                   "preset's: perplexity and copy for the language-model presets, "
-                                                   "passkey for retrieval).")] = None,
+    task: Annotated[list[str] | None, typer.Option(help="perplexity, copy, passkey, mqar, or several (default: "
+                                                   "the preset's: perplexity and copy for the language-model "
+                                                   "presets, passkey and mqar for retrieval).")] = None,
     mode: Annotated[list[str] | None, typer.Option(help="nonoverlap, sliding, or both (default: nonoverlap).")] = None,
     stride: Annotated[int | None, typer.Option(help="Sliding mode: tokens scored per window; each scored token "
                                                 "sees at least length - stride of context (default: half the "
                                                 "training length).")] = None,
-    trials: Annotated[int | None, typer.Option(help="copy: trials per distance; passkey: trials per length and "
-                                                 "depth (default: the preset's).")] = None,
+    trials: Annotated[int | None, typer.Option(help="copy: trials per distance; passkey and mqar: trials per "
+                                                 "length and depth (default: the preset's).")] = None,
     seeds: Annotated[list[int] | None, typer.Option(help="Seeds to evaluate (default: every trained seed).")] = None,
     config: Annotated[Path | None, typer.Option("--config", help="An experiment file (TOML): its variants, seeds "
                                                 "and [eval] table (tasks, lengths, trials, eval_tokens) replace the "

@@ -141,7 +141,7 @@ class EvalConfig:
     tasks: list[str] = field(default_factory=lambda: ["perplexity"])  # what `extrapolate` measures by default
     length_multiples: list[int] = field(default_factory=lambda: [1, 4, 16])  # default lengths, x train length
     lengths: list[int] | None = None  # `extrapolate`'s lengths when given (else the multiples)
-    trials: int = 20                # copy: trials per distance; passkey: per length and depth
+    trials: int = 20                # copy: trials per distance; passkey, mqar: per length and depth
 
     def __post_init__(self) -> None:
         from relbench.tasks import TASKS

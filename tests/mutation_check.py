@@ -12,6 +12,7 @@ notice ("survived") is a gap in the tests.
     python tests/mutation_check.py -k forms     # evaluation forms (PI, NTK, YaRN, logn, table forms)
     python tests/mutation_check.py -k finetune  # fine-tuning to the target length (relbench finetune)
     python tests/mutation_check.py -k mqar      # multi-query associative recall (trials, weights, rows)
+    python tests/mutation_check.py -k reach     # training to criterion, reach over learned seeds, context use
 
 Not collected by pytest (its name does not start with test_); it takes a few minutes.
 """
@@ -40,6 +41,7 @@ FRONTIER = ["tests/test_frontier.py"]
 FORMS = ["tests/test_forms.py"]
 FINETUNE = ["tests/test_finetune.py"]
 MQAR = ["tests/test_mqar.py"]
+REACH = ["tests/test_criterion.py", "tests/test_reach.py", "tests/test_bench.py"]
 MUTATIONS = [
     ("bias sign flipped on the reference path", "relbench/attention.py",
      "scores = scores + plan.full().to(scores.dtype)", "scores = scores - plan.full().to(scores.dtype)"),
@@ -236,6 +238,21 @@ MUTATIONS = [
      "mqar_pairs=Job.trained_pairs(config))", "mqar_pairs=4)", MQAR),
     ("mqar: passkey rows' Wilson interval over one trial too many", "relbench/extrapolate.py",
      "low, high = wilson(correct, job.trials)", "low, high = wilson(correct, job.trials + 1)", MQAR),
+    ("reach: criterion met by one check instead of consecutive ones", "relbench/stopping.py",
+     "held = checks[-consecutive:]", "held = checks[-1:]", REACH),
+    ("reach: criterion step is the confirming check, not the first held one", "relbench/stopping.py",
+     "return int(held[0][0]) if all", "return int(held[-1][0]) if all", REACH),
+    ("reach: criterion stopping never stops training", "relbench/train.py",
+     "last = done == config.steps or bool(distributed.max_all(int(learned is not None), device))",
+     "last = done == config.steps", REACH),
+    ("reach: seeds that did not learn count towards reach", "relbench/reach.py",
+     "return [s for s in self.seeds if self.learned[s].learned]", "return list(self.seeds)", REACH),
+    ("reach: a variant with no learned seed shown as reach none", "relbench/reach.py",
+     'return f"not learned ({k}/{n})"', 'return "none"', REACH),
+    ("reach: Wilson interval without the continuity of its centre", "relbench/stats.py",
+     "centre = (p + z * z / (2 * trials)) / denominator", "centre = p", REACH),
+    ("reach: a copy ratio whose interval reaches 1.00 counts as use of context", "relbench/overview.py",
+     "if high < 1.0 and s.mean <= 1 - USE_MARGIN:", "if s.mean <= 1 - USE_MARGIN:", REACH),
 ]
 
 
