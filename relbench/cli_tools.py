@@ -54,14 +54,16 @@ def presets_command() -> None:
     preset with `preset = "quick"`. Example: relbench presets
     """
     table = Table(title="Presets (--preset NAME; relbench/presets/NAME.toml)", title_justify="left")
-    for column in ("name", "model", "training", "data", "description"):
+    table.add_column("name", no_wrap=True)      # a preset's name is what the user types: never cut
+    for column in ("model", "training", "data", "description"):
         table.add_column(column)
     for name in config.preset_names():
         exp = config.experiment(name)
         m, t = exp.model, exp.train
         table.add_row(name + (" (default)" if name == config.DEFAULT_PRESET else ""),
                       f"{m.n_layers} layers, d {m.d_model}, {m.n_heads} heads, length {m.train_length}",
-                      f"{t.steps:,} steps x {t.batch_size}, lr {t.lr:g}" + (f", {t.task}" if t.task != "lm" else ""),
+                      (f"up to {t.steps:,} steps (to {t.criterion_accuracy:.0%})" if t.criterion_accuracy > 0
+                       else f"{t.steps:,} steps") + f" x {t.batch_size}, lr {t.lr:g}" + (f", {t.task}" if t.task != "lm" else ""),
                       f"{exp.data.dataset}, {exp.data.tokenizer}" + (" (stream)" if exp.data.stream else ""),
                       escape(exp.description))
     console.print(table)

@@ -314,10 +314,13 @@ def make_progress(console: Console) -> Progress:
 PACE_STEPS = 10   # steps timed (after one warm-up step) for the expected time printed before a run goes on
 
 
-def expected_time_message(seconds_per_step: float, steps_left: int, runs_left: int, spec: str) -> str:
-    """One line: how long the runs still to train should take, from the pace of the first one."""
+def expected_time_message(seconds_per_step: float, steps_left: int, runs_left: int, spec: str,
+                          capped: bool = False) -> str:
+    """One line: how long the runs still to train should take, from the pace of the first one
+    (`capped`: trained to criterion, so the steps are a cap and the time an upper bound)."""
     minutes = seconds_per_step * steps_left / 60
-    when = f"about {minutes:.0f} min" if minutes >= 1 else "under a minute"
+    when = (f"at most {minutes:.0f} min (every run to its cap; criterion stopping ends most earlier)" if capped
+            else f"about {minutes:.0f} min") if minutes >= 1 else "under a minute"
     return (f"expected: {when} of training for the {runs_left} run(s) to go ({spec} took {seconds_per_step:.2f} s "
             f"per step over its first {PACE_STEPS}; variants on the chunked path are slower). For a faster first "
             f"result: --variants alibi rope xl, or --preset tiny")
@@ -341,7 +344,8 @@ def train_run(run_dir: Path, specs: list[str], seeds: list[int], run_config: dic
     closing = contextlib.closing(logger) if logger is not None else contextlib.nullcontext()
     with StopRequest() as stop, make_progress(console) as progress, closing:
         def pace(seconds_per_step: float, spec: str = "") -> None:
-            progress.console.print(expected_time_message(seconds_per_step, todo * base.steps, todo, spec), markup=False)
+            progress.console.print(expected_time_message(seconds_per_step, todo * base.steps, todo, spec,
+                                                         base.criterion_accuracy > 0), markup=False)
 
         paced = False
         for seed in seeds:

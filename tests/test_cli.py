@@ -296,3 +296,4 @@ def test_expected_time_message_scales_with_the_steps_left():
 
     assert expected_time_message(0.5, 2400, 6, "xl").startswith("expected: about 20 min of training for the 6 run(s)")
     assert "under a minute" in expected_time_message(0.01, 100, 1, "xl")
+    assert expected_time_message(0.5, 2400, 6, "xl", capped=True).startswith("expected: at most 20 min")
