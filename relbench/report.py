@@ -187,6 +187,9 @@ def cost_table(rows: pd.DataFrame, config: dict[str, Any]) -> tuple[list[str], l
 def training_table(run_dir: Path, config: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     header = ["variant", "seeds", "params", "position params", "position lr x", "precision", "final val loss",
               "train time (s)", "tokens/s"]
+    criterion = float(config.get("train", {}).get("criterion_accuracy", 0) or 0) > 0
+    if criterion:
+        header.append("learned at step, per seed")
     body = []
     for variant in config.get("variants", []):
         metas = [checkpoints.read_meta(results.checkpoint_dir(run_dir, variant, s)) for s in config.get("seeds", [0])]
@@ -197,10 +200,14 @@ def training_table(run_dir: Path, config: dict[str, Any]) -> tuple[list[str], li
         val_text = f"{val.mean:.4f}" + (f" ±{val.half_width:.4f}" if val.n > 1 else "")
         scale = (f"{done[0]['position_lr_scale']:g} ({done[0].get('position_lr_source', '?')})"
                  if "position_lr_scale" in done[0] and done[0]["position_params"] else "-")
-        body.append([variant, str(len(done)), f"{done[0]['n_params']:,}", f"{done[0]['position_params']:,}", scale,
-                     str(done[0].get("precision", "-")), val_text,
-                     f"{sum(s['train_seconds'] for s in done) / len(done):.1f}",
-                     f"{sum(s['tokens_per_s'] for s in done) / len(done):,.0f}"])
+        row = [variant, str(len(done)), f"{done[0]['n_params']:,}", f"{done[0]['position_params']:,}", scale,
+               str(done[0].get("precision", "-")), val_text,
+               f"{sum(s['train_seconds'] for s in done) / len(done):.1f}",
+               f"{sum(s['tokens_per_s'] for s in done) / len(done):,.0f}"]
+        if criterion:
+            row.append(", ".join(f"{s['learned_step']}" if s.get("learned") else f"not learned in {s['steps']}"
+                                 for s in done))
+        body.append(row)
     return header, body
 
 

@@ -63,6 +63,8 @@ def test_bench_runs_both_tracks_and_opens_with_reach(tmp_path):
         # six steps teach no retrieval: not learned, never "none"
         assert "not learned (0/1)" in row and "none" not in row
     assert "Not learned at the training length" in headline
+    retrieval_report = (run_dir / "retrieval" / "report.md").read_text()
+    assert "learned at step, per seed" in retrieval_report and "not learned in 6" in retrieval_report
 
 
 def test_a_presets_own_retrieval_track(tmp_path):
