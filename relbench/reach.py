@@ -68,6 +68,8 @@ class Reach:
     accuracy: dict[int, float] = field(default_factory=dict)           # length -> mean over learned seeds
     per_seed: dict[int, dict[int, float]] = field(default_factory=dict)  # seed -> length -> accuracy
     reach: int | None = None                             # longest length at >= REACH_ACCURACY; None: none
+    longer_untested: bool = False                        # it passed at its longest evaluated length, and the
+                                                         # task was evaluated longer for other variants
 
     @property
     def learned_seeds(self) -> list[int]:
@@ -87,6 +89,8 @@ class Reach:
         if not k:
             return f"not learned ({k}/{n})"
         reach = str(self.reach) if self.reach is not None else f"< {min(self.accuracy)}"
+        if self.longer_untested:
+            reach = f">= {reach} (longer not evaluated)"
         if n == 1:
             return reach
         per = ", ".join(str(self.seed_reach(s) or "-") for s in self.learned_seeds)
@@ -99,6 +103,7 @@ def reach_of(rows: pd.DataFrame, count: str, train_lengths: dict[tuple[str, int]
     training length of each (variant, seed); `competence`: what training recorded (None: not trained
     to a criterion, decided here by the accuracy at the training length)."""
     pooled = accuracy_by_length(rows, count)
+    longest = int(pooled["length"].max()) if len(pooled) else 0
     out: dict[str, Reach] = {}
     for variant, mine in pooled.groupby("variant", sort=False):
         seeds = sorted(int(s) for s in mine["seed"].unique())
@@ -117,6 +122,7 @@ def reach_of(rows: pd.DataFrame, count: str, train_lengths: dict[tuple[str, int]
             reach.accuracy = {n: sum(per_seed[s][n] for s in good) / len(good) for n in lengths}
             passing = [n for n, a in reach.accuracy.items() if a >= REACH_ACCURACY]
             reach.reach = max(passing) if passing else None
+            reach.longer_untested = reach.reach is not None and reach.reach == max(lengths) < longest
         out[variant] = reach
     return out
 

@@ -77,6 +77,13 @@ def test_reach_is_the_longest_length_at_90_percent_and_none_below():
     assert weak.reach is None and weak.cell() == "< 128"
 
 
+def test_a_reach_at_the_longest_length_evaluated_for_it_says_so():
+    rows = pd.DataFrame(passkey_rows("alibi", 0, {128: 1.0, 512: 0.95}) + passkey_rows("rope", 0, {128: 1.0, 512: 0.0,
+                                                                                                  2048: 0.0}))
+    found = reach_of(rows, "trials", {}, {("alibi", 0): learned(800), ("rope", 0): learned(900)})
+    assert found["alibi"].cell() == ">= 512 (longer not evaluated)" and found["rope"].cell() == "128"
+
+
 def test_accuracy_pools_every_trial_with_its_interval():
     rows = pd.DataFrame([{"variant": "a", "seed": 0, "length": 64, "depth": d, "trials": 10, "status": "ok",
                           "correct": c, "accuracy": c / 10} for d, c in ((0.0, 10), (0.5, 5), (1.0, 0))]
