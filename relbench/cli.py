@@ -160,7 +160,7 @@ def _extrapolate(run_dir: Path, lengths: list[int] | None, variants: list[str] |
                  eval_tokens: int | None, device: str, seeds: list[int] | None = None,
                  modes: list[str] | None = None, stride: int | None = None, force: bool = False,
                  tasks: list[str] | None = None, trials: int | None = None,
-                 eval_overrides: dict[str, Any] | None = None) -> None:
+                 eval_overrides: dict[str, Any] | None = None, not_learned: bool = False) -> None:
     from relbench.data import load_run_splits
     from relbench.evaluate import MODES, longest_length, scored_text, validate_lengths
     from relbench.extrapolate import Job, extrapolate_run
@@ -209,7 +209,7 @@ def _extrapolate(run_dir: Path, lengths: list[int] | None, variants: list[str] |
                   f"({attention} attention, {target})"
                   + (f"; shared by {distributed.world()} processes" if distributed.world() > 1 else ""))
     job = Job(text, tuple(lengths), tuple(modes), stride, tuple(tasks), trials, eval_config.max_batch_tokens, attention,
-              target, splits.tokenizer, force, mqar_pairs=Job.trained_pairs(config))
+              target, splits.tokenizer, force, mqar_pairs=Job.trained_pairs(config), not_learned=not_learned)
     with flush_denormals():
         extrapolate_run(Path(run_dir), trained, job, console)
 
@@ -256,6 +256,9 @@ def extrapolate_command(
     eval_tokens: Annotated[int | None, typer.Option(help="Scored test tokens per length (default: the preset's).")] = None,
     device: Device = "auto",
     force: Annotated[bool, typer.Option(help="Recompute rows that are already in the CSVs.")] = False,
+    not_learned: Annotated[bool, typer.Option("--not-learned", help="Also evaluate passkey or mqar on models trained "
+                                              "to criterion on it that did not learn it (skipped by default: "
+                                              "their accuracy beyond the training length says nothing).")] = False,
 ) -> None:
     """Perplexity of every trained variant at growing lengths and the cost of bias and attention;
     with --task, also whether the model uses distant context (copy) and retrieves a key (passkey).
@@ -273,7 +276,7 @@ def extrapolate_command(
     file = read_file(config) if config is not None else {}
     with results.RunLock(run_dir):
         _extrapolate(run_dir, lengths, variants or file.get("variants"), attention, eval_tokens, device,
-                     seeds or file.get("seeds"), mode, stride, force, task, trials, file.get("eval"))
+                     seeds or file.get("seeds"), mode, stride, force, task, trials, file.get("eval"), not_learned)
 
 
 @app.command("finetune")

@@ -74,6 +74,7 @@ class Job:
     tokenizer: Any
     force: bool = False
     mqar_pairs: int = 4     # mqar: key-value pairs per trial (the run's training value when it trained on mqar)
+    not_learned: bool = False   # also evaluate a task on models trained to criterion on it that did not learn it
 
     @staticmethod
     def trained_pairs(run_config: dict[str, Any]) -> int:
@@ -334,9 +335,22 @@ def _base(run_dir: Path, spec: str, seed: int) -> dict[str, Any]:
             "train_length": meta.get("model", {}).get("train_length"), "precision": precision, "eval_precision": "fp32"}
 
 
-def pair_units(tables: Tables, spec: str, seed: int, base: dict[str, Any], job: Job) -> list[Unit]:
+def not_learned(meta: dict[str, Any], task: str) -> str | None:
+    """Why a checkpoint is not evaluated on `task`, or None: it was trained to criterion on that
+    task and did not learn it, so its accuracy at longer lengths would say nothing (a model that
+    never learned a task at 1x is *not learned*, not one that fails to extrapolate)."""
+    train, summary = meta.get("train", {}), meta.get("summary", {})
+    if train.get("task") != task or not train.get("criterion_accuracy") or summary.get("learned") is not False:
+        return None
+    accuracy = summary.get("val_accuracy")
+    last = f"{accuracy:.0%} at its last check, " if accuracy is not None else ""
+    return f"{task} not learned at its training length ({last}{summary.get('steps', '?')}-step cap): not evaluated"
+
+
+def pair_units(tables: Tables, spec: str, seed: int, base: dict[str, Any], job: Job,
+               skipped: tuple[str, ...] = ()) -> list[Unit]:
     """The units of one variant x seed, one per length, holding only the rows still to do (every
-    row with `job.force`)."""
+    row with `job.force`) of the tasks not `skipped`."""
     def todo(name: str, **fields) -> bool:
         return job.force or not tables.done(name, {**base, **fields})
 
@@ -347,9 +361,9 @@ def pair_units(tables: Tables, spec: str, seed: int, base: dict[str, Any], job: 
             results.EXTRAPOLATION_CSV, length=length, mode=mode, stride=effective_stride(mode, job.stride, length),
             n_tokens=job.text.n_tokens, segment=job.text.segment)]
         mine = [(d, n) for d, n in copies if n == length or (i == 0 and n not in job.lengths)]
-        depths = [d for d in PASSKEY_DEPTHS if "passkey" in job.tasks and todo(
+        depths = [d for d in PASSKEY_DEPTHS if "passkey" in job.tasks and "passkey" not in skipped and todo(
             PASSKEY_CSV, length=length, depth=d, trials=job.trials)]
-        mqar_depths = [d for d in MQAR_DEPTHS if "mqar" in job.tasks and todo(
+        mqar_depths = [d for d in MQAR_DEPTHS if "mqar" in job.tasks and "mqar" not in skipped and todo(
             MQAR_CSV, length=length, depth=d, trials=job.trials, n_pairs=job.mqar_pairs)]
         units.append(Unit(spec, seed, length, base, tuple(modes),
                           tuple((d, n) for d, n in mine if todo(COPY_CSV, distance=d, trials=job.trials)),
@@ -362,7 +376,12 @@ def plan(run_dir: Path, pairs: list[tuple[str, int]], job: Job, console) -> tupl
     """The CSVs as they are and the units with work left, in the order one process does them."""
     tables, units = Tables(run_dir), []
     for spec, seed in pairs:
-        mine = pair_units(tables, spec, seed, _base(run_dir, spec, seed), job)
+        meta = checkpoints.read_meta(checkpoint_of(run_dir, spec, seed)) or {}
+        reasons = {task: not_learned(meta, task) for task in ("passkey", "mqar") if task in job.tasks}
+        skipped = tuple(task for task, reason in reasons.items() if reason and not job.not_learned)
+        for task in skipped:
+            console.print(f"{spec:<12} seed {seed}: {reasons[task]} (--not-learned evaluates it)", markup=False)
+        mine = pair_units(tables, spec, seed, _base(run_dir, spec, seed), job, skipped)
         kept = len(job.lengths) * len(job.modes) - sum(len(u.modes) for u in mine)
         if "perplexity" in job.tasks and kept:
             console.print(f"{spec:<12} seed {seed}: {kept} perplexity row(s) already computed, kept", markup=False)

@@ -48,7 +48,7 @@ def training_competence(run_dir: Path, variant: str, seed: int) -> Competence | 
 def accuracy_by_length(rows: pd.DataFrame, count: str) -> pd.DataFrame:
     """Per variant x seed x length: successes, trials, accuracy and its Wilson interval. `count` is
     the column of trials per row ("trials" for passkey, whose rows are depths; "queries" for MQAR)."""
-    ok = rows[rows["status"] == "ok"]
+    ok = rows[rows["status"] == "ok"] if "status" in rows.columns else rows.iloc[:0]
     if ok.empty:
         return pd.DataFrame(columns=["variant", "seed", "length", "correct", "n", "accuracy", "low", "high"])
     pooled = ok.groupby(["variant", "seed", "length"], sort=False).agg(
@@ -101,12 +101,17 @@ def reach_of(rows: pd.DataFrame, count: str, train_lengths: dict[tuple[str, int]
              competence: dict[tuple[str, int], Competence | None]) -> dict[str, Reach]:
     """Per variant, its Reach from the task's rows (passkey.csv or mqar.csv). `train_lengths`: the
     training length of each (variant, seed); `competence`: what training recorded (None: not trained
-    to a criterion, decided here by the accuracy at the training length)."""
+    to a criterion, decided here by the accuracy at the training length). A seed that training says
+    did not learn counts among the variant's seeds even without rows (extrapolate skips it)."""
     pooled = accuracy_by_length(rows, count)
     longest = int(pooled["length"].max()) if len(pooled) else 0
+    variants = list(dict.fromkeys([str(v) for v in pooled["variant"]]
+                                  + [v for (v, _), c in competence.items() if c is not None and not c.learned]))
     out: dict[str, Reach] = {}
-    for variant, mine in pooled.groupby("variant", sort=False):
-        seeds = sorted(int(s) for s in mine["seed"].unique())
+    for variant in variants:
+        mine = pooled[pooled["variant"] == variant]
+        unevaluated = {s for (v, s), c in competence.items() if v == variant and c is not None and not c.learned}
+        seeds = sorted({int(s) for s in mine["seed"].unique()} | unevaluated)
         per_seed = {s: {int(r.length): float(r.accuracy) for r in mine[mine["seed"] == s].itertuples()} for s in seeds}
         learned = {}
         for s in seeds:
@@ -128,18 +133,21 @@ def reach_of(rows: pd.DataFrame, count: str, train_lengths: dict[tuple[str, int]
 
 
 def run_reach(run_dir: Path, name: str) -> dict[str, Reach]:
-    """The reach of every variant in a run directory's passkey.csv or mqar.csv (empty when absent)."""
-    path = Path(run_dir) / name
-    if not path.is_file():
-        return {}
-    rows = results.read_csv(path)
-    if rows.empty:
-        return {}
-    pairs = rows[["variant", "seed"]].drop_duplicates().itertuples(index=False)
-    pairs = [(str(v), int(s)) for v, s in pairs]
+    """The reach of every variant in a run directory's passkey.csv or mqar.csv, with the seeds that
+    were trained to criterion on that task and did not learn it (not evaluated; empty when none)."""
+    path, task = Path(run_dir) / name, Path(name).stem
+    rows = results.read_csv(path) if path.is_file() else pd.DataFrame()
+    pairs = [(str(v), int(s)) for v, s in rows[["variant", "seed"]].drop_duplicates().itertuples(index=False)] \
+        if not rows.empty else []
+    config = results.read_json(Path(run_dir) / results.CONFIG) if (Path(run_dir) / results.CONFIG).is_file() else {}
+    if config.get("train", {}).get("task") == task:
+        pairs += [(v, int(s)) for s in config.get("seeds", []) for v in config.get("variants", []) if (v, int(s)) not in pairs]
     lengths = {(v, s): int(rows[(rows["variant"] == v) & (rows["seed"] == s)]["train_length"].iloc[0])
-               if "train_length" in rows.columns else -1 for v, s in pairs}
+               if "train_length" in rows.columns and ((rows["variant"] == v) & (rows["seed"] == s)).any() else -1
+               for v, s in pairs}
     competence = {(v, s): training_competence(run_dir, v, s) for v, s in pairs}
+    if rows.empty and not any(c is not None for c in competence.values()):
+        return {}
     return reach_of(rows, "queries" if "queries" in rows.columns else "trials", lengths, competence)
 
 

@@ -94,3 +94,29 @@ def test_accuracy_pools_every_trial_with_its_interval():
     r = pooled.iloc[0]
     assert (r.correct, r.n, r.accuracy) == (15, 30, 0.5)
     assert (r.low, r.high) == pytest.approx(wilson(15, 30))
+
+
+def test_seeds_that_did_not_learn_count_without_rows():
+    """extrapolate does not evaluate a seed trained to criterion that did not learn: it has no rows,
+    yet it is one of the variant's seeds (2/3, not 2/2), and a variant with no learned seed at all
+    is still in the table."""
+    rows = pd.DataFrame(passkey_rows("xl", 0, {128: 1.0, 512: 0.9}) + passkey_rows("xl", 2, {128: 1.0, 512: 0.9}))
+    competence = {("xl", 0): learned(700), ("xl", 1): NOT, ("xl", 2): learned(900), ("fire", 0): NOT,
+                  ("t5", 0): None}   # t5: no criterion and no rows: nothing to say about it
+    reaches = reach_of(rows, "trials", {}, competence)
+    assert reaches["xl"].seeds == [0, 1, 2] and reaches["xl"].cell() == "512 (2/3; per seed 512, 512)"
+    assert reaches["fire"].cell() == "not learned (0/1)" and "t5" not in reaches
+    assert reach_of(rows.iloc[:0], "trials", {}, {("fire", 0): NOT})["fire"].cell() == "not learned (0/1)"
+
+
+def test_a_model_that_did_not_learn_its_task_is_not_evaluated_on_it():
+    from relbench.extrapolate import not_learned
+
+    meta = {"train": {"task": "passkey", "criterion_accuracy": 0.95},
+            "summary": {"learned": False, "val_accuracy": 0.94, "steps": 5000}}
+    assert not_learned(meta, "passkey") == ("passkey not learned at its training length (94% at its last check, "
+                                           "5000-step cap): not evaluated")
+    assert not_learned(meta, "mqar") is None                                  # not the task it trained on
+    assert not_learned({**meta, "summary": {"learned": True}}, "passkey") is None
+    assert not_learned({**meta, "train": {"task": "passkey", "criterion_accuracy": 0.0}}, "passkey") is None
+    assert not_learned({}, "passkey") is None                                 # no meta: evaluate
