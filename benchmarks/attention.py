@@ -6,7 +6,7 @@ median time of building the position terms plus the attention call, the peak ext
     vs ref    = time of the seed's reference path for the same variant / this time (higher is better)
     vs floor  = this time / time of unbiased causal SDPA (`none`, sdpa) at the same shape (lower is better)
 
-Each configuration runs in a fresh process (see relbench/profile.py); the reference path at
+Each configuration runs in a fresh process (see relbench/cost/profiling.py); the reference path at
 lengths whose (H, L, L) tensors cannot fit is recorded as oom without running.
 
 The floor is measured once per length, so on a shared CPU whose speed drifts by 25% between
@@ -32,13 +32,15 @@ import sys
 from pathlib import Path
 
 import relbench  # noqa: F401  (first: sets the OpenMP wait policy before torch loads)
+
+# isort: split
 import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
 from relbench import positions
 from relbench.attention import BACKENDS
-from relbench.profile import profile_run
+from relbench.cost.profiling import profile_run
 
 BIAS_VARIANTS = ["xl", "t5", "alibi", "shaw"]
 OTHER_VARIANTS = ["rope"]
@@ -84,7 +86,7 @@ def paired_ratios(specs: list[str], lengths: list[int], batch: int, heads: int, 
 
     from relbench import positions
     from relbench.attention import attention, flush_denormals, path_label, recording
-    from relbench.profile import interleaved, paired, position_terms
+    from relbench.cost.profiling import interleaved, paired, position_terms
 
     rows = []
     with torch.no_grad(), flush_denormals():
@@ -100,19 +102,19 @@ def paired_ratios(specs: list[str], lengths: list[int], batch: int, heads: int, 
                 x = (torch.randn(batch, length, position.d_model, generator=generator).to(device)
                      if position.input_dependent else None)              # FoX's gates read the layer input
 
-                def run(_: int, position=position, x=x) -> None:
+                def run(_: int, position=position, x=x, q=q, k=k, v=v, length=length) -> None:
                     q_rot, k_rot, plan = position_terms(position, q, k, length, x)
                     attention(q_rot, k_rot, v, plan, "auto")
 
-                def floor(_: int) -> None:
+                def floor(_: int, q=q, k=k, v=v) -> None:
                     F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
                 n = pairs if length < 16384 else max(1, pairs // 2)
                 with recording() as taken:
                     times = interleaved({"auto": run, "floor": floor}, n, warmup=1, device=device)
                 ratios = paired(times["auto"], times["floor"])
-                rows.append(dict(variant=spec, length=length, path=path_label(taken), pairs=n,
-                                 ratio=statistics.median(ratios), low=ratios[0], high=ratios[-1]))
+                rows.append({"variant": spec, "length": length, "path": path_label(taken), "pairs": n,
+                                 "ratio": statistics.median(ratios), "low": ratios[0], "high": ratios[-1]})
                 console.print(f"{spec:<14} L={length:<6} auto/{'sdpa':<4} {rows[-1]['ratio']:.2f}x "
                               f"({ratios[0]:.2f}-{ratios[-1]:.2f}, {n} pairs, {rows[-1]['path']})")
     return pd.DataFrame(rows)
@@ -132,7 +134,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384])
     parser.add_argument("--variants", nargs="+", default=None,
                         help="default: xl t5 alibi shaw rope; with --paired-only every scheme that adds a bias or rotates")
-    parser.add_argument("--backends", nargs="+", default=[b for b in BACKENDS], choices=BACKENDS)
+    parser.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--batch", type=int, default=1)

@@ -69,13 +69,14 @@ from rich.console import Console
 from rich.table import Table
 from torch import Tensor, nn
 
-from relbench import memory, positions
+from relbench import positions
 from relbench.attention import attention, flush_denormals, path_label, recording
-from relbench.batches import lm_batch
 from relbench.config import resolve
+from relbench.cost import memory
+from relbench.cost.profiling import interleaved
 from relbench.model import GPT
-from relbench.profile import interleaved
-from relbench.train import make_optimizer
+from relbench.training.batches import lm_batch
+from relbench.training.train import make_optimizer
 
 INSTALL = "x-transformers is not installed: pip install -e '.[peers]'"
 DYNAMIC_WIDTH = positions.get("dynamic").options()["width"].default    # relbench's MLP width (32)

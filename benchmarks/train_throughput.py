@@ -18,6 +18,8 @@ import statistics
 import sys
 
 import relbench  # noqa: F401  (first: sets the OpenMP wait policy before torch loads)
+
+# isort: split
 import torch
 import torch.nn.functional as F
 from rich.console import Console
@@ -25,11 +27,11 @@ from rich.table import Table
 
 from relbench import positions
 from relbench.config import resolve
+from relbench.cost.profiling import interleaved, paired
 from relbench.data import load_splits
 from relbench.model import GPT
-from relbench.batches import lm_batch as batch_at
-from relbench.profile import interleaved, paired
-from relbench.train import make_optimizer
+from relbench.training.batches import lm_batch as batch_at
+from relbench.training.train import make_optimizer
 
 
 def make_step(spec: str, precision: str, backend: str, preset: str, train_tokens: torch.Tensor,

@@ -95,7 +95,7 @@ class TrainConfig:
     attention: str = "auto"         # attention backend for training (relbench.attention.BACKENDS)
     precision: str = "fp32"         # "fp32", "bf16" (autocast of matrix products), or "auto": bf16 where
                                     # the hardware has native bf16, else fp32 (see resolve_precision)
-    task: str = "lm"                # what the sequences are: "lm" (text windows) or "passkey" (relbench/batches.py)
+    task: str = "lm"                # what the sequences are: "lm" (text windows) or "passkey" (relbench/training/batches.py)
     answer_weight: float = 1.0      # passkey: loss weight of the answer's digits
     text_weight: float = 1.0        # passkey: loss weight of every other prediction (0: answers only)
     depth_curriculum: int = 0       # passkey: over this many steps the key moves from near the question to anywhere

@@ -102,7 +102,7 @@ class GPT(nn.Module):
         """Logits (B, L, V) for tokens (B, L). `observe(layer, q, k, plan)`, when given, sees each
         layer's rotated queries and keys and its bias plan just before attention (relbench inspect
         reads attention from here); `backend` overrides the configured attention backend."""
-        B, L = tokens.shape
+        _B, L = tokens.shape
         x = self.tok(tokens)                                       # (B, L, D)
         first = self.positions[0]
         first.check_length(L)

@@ -1,4 +1,6 @@
 import relbench  # noqa: F401  (before torch: sets the OpenMP wait policy torch reads when it loads)
+
+# isort: split
 import pytest
 import torch
 
@@ -14,7 +16,7 @@ def _isolated(tmp_path_factory, monkeypatch):
 def merges(monkeypatch):
     """The log-sum-exp merges the split paths make: the shape of the near output of each `_merge` call."""
     calls = []
-    from relbench import fused as fused_module
+    from relbench.attention import fused as fused_module
 
     original = fused_module._merge
     monkeypatch.setattr(fused_module, "_merge", lambda *a, **kw: calls.append(tuple(a[0].shape)) or original(*a, **kw))

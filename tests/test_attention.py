@@ -4,13 +4,13 @@ merges counted, are in tests/test_split.py."""
 
 import pytest
 import torch
-from attention_cases import D, H, LONG, SPECS, SPLIT, encoding, prepared, qkv
+from attention_cases import LONG, SPECS, SPLIT, D, H, encoding, prepared, qkv
 from helpers import layer_input
 
-from relbench import fused as fused_module
 from relbench import positions
 from relbench.attention import BACKENDS, attention, check, chunked_attention, recording, resolve
-from relbench.fused import split_attention, toeplitz_attention, toeplitz_block
+from relbench.attention import fused as fused_module
+from relbench.attention.fused import split_attention, toeplitz_attention, toeplitz_block
 from relbench.errors import UsageError
 from relbench.positions.base import PositionEncoding
 from relbench.positions.plan import BiasPlan, toeplitz
@@ -278,7 +278,6 @@ def test_recording_counts_one_call_per_layer_in_a_model():
 def test_transformer_xl_relative_shift_matches_the_gathered_terms(q_len, k_len, block):
     """Without gradients transformer-xl's chunked mask is the relative-shift view; it must equal
     the gathered block with -inf on future keys, block by block, and give the reference output."""
-    from relbench.positions.plan import BiasPlan
 
     enc = encoding("transformer-xl")
     q, k, v, plan = prepared(enc, q_len, k_len)

@@ -4,10 +4,10 @@ built and weighted as configured."""
 import numpy as np
 import torch
 
-from relbench.batches import lm_batch, training_batch, validation_batches
 from relbench.config import TrainConfig
 from relbench.data.tokenizer import ByteTokenizer
 from relbench.tasks import passkey
+from relbench.training.batches import lm_batch, training_batch, validation_batches
 
 TEXT = torch.from_numpy(np.frombuffer(("Some training text without digits. " * 200).encode(), "uint8").copy())
 

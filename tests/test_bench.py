@@ -7,7 +7,7 @@ import pandas as pd
 from typer.testing import CliRunner
 
 from relbench.cli import app
-from relbench.overview import context_note, uses_context
+from relbench.reporting.overview import context_note, uses_context
 
 runner = CliRunner()
 

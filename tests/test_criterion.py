@@ -8,11 +8,11 @@ import pandas as pd
 import pytest
 import torch
 
-from relbench import train as train_module
 from relbench.config import ModelConfig, TrainConfig
 from relbench.data import load_splits
 from relbench.errors import UsageError
-from relbench.stopping import learned_at
+from relbench.training import train as train_module
+from relbench.training.stopping import learned_at
 
 MODEL = ModelConfig(d_model=32, n_layers=2, n_heads=2, train_length=112)
 
@@ -62,14 +62,14 @@ def test_a_run_that_learns_stops_at_the_confirming_check(monkeypatch):
 
 
 def test_a_run_that_never_learns_reaches_its_cap_and_is_marked(monkeypatch):
-    _, rows, summary, calls = run(monkeypatch, [0.5, 0.96, 0.2, 0.99, 0.0, 0.96])
+    _, _rows, summary, calls = run(monkeypatch, [0.5, 0.96, 0.2, 0.99, 0.0, 0.96])
     assert summary["learned"] is False and summary["learned_step"] is None
     assert summary["steps"] == 12 and len(calls) == 6        # the last check is the cap's
     assert "NOT learned" in train_module.learned_text(summary)
 
 
 def test_without_a_criterion_accuracy_is_logged_and_training_runs_its_steps(monkeypatch):
-    _, rows, summary, calls = run(monkeypatch, [1.0] * 6, criterion_accuracy=0.0)
+    _, _rows, summary, calls = run(monkeypatch, [1.0] * 6, criterion_accuracy=0.0)
     assert summary["steps"] == 12 and summary["learned"] is None and len(calls) == 6
     assert train_module.learned_text(summary) == ""
 

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from relbench.data import cache_dir, corpus, load_splits, tokenize_documents
-from relbench.data.tokenizer import ByteTokenizer, RECORD_SEPARATOR
+from relbench.data.tokenizer import RECORD_SEPARATOR, ByteTokenizer
 from relbench.errors import RelbenchError
 
 

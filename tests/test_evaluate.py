@@ -10,8 +10,15 @@ import torch.nn.functional as F
 
 from relbench.data.tokenizer import ByteTokenizer
 from relbench.errors import UsageError
-from relbench.evaluate import (bootstrap_interval, perplexity, position_bins, position_rows, scored_text,
-                               validate_lengths, windows)
+from relbench.evaluation.perplexity import (
+    bootstrap_interval,
+    perplexity,
+    position_bins,
+    position_rows,
+    scored_text,
+    validate_lengths,
+    windows,
+)
 from relbench.model import GPT, ModelConfig
 
 

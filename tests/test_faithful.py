@@ -16,7 +16,7 @@ ALL = positions.names()
 
 
 def gpt(name, seed=0, **overrides):
-    config = dict(vocab_size=256, d_model=32, n_layers=3, n_heads=4, train_length=64, position=name)
+    config = {"vocab_size": 256, "d_model": 32, "n_layers": 3, "n_heads": 4, "train_length": 64, "position": name}
     config.update(overrides)
     return GPT(ModelConfig(**config), seed=seed)
 
@@ -91,7 +91,7 @@ def test_kerple_parameters_are_projected_in_place_after_each_step():
     """The official code clamps the stored values (p, a >= 0.01; the power's p <= 2), so a step that
     pushes a parameter below its floor leaves it at the floor, not below it."""
     from relbench.config import TrainConfig
-    from relbench.train import make_optimizer, optimizer_step
+    from relbench.training.train import make_optimizer, optimizer_step
 
     for name in ("kerple-log", "kerple-power"):
         model = gpt(name)
@@ -125,7 +125,7 @@ def test_sinusoidal_positions_are_scaled_by_one_over_sqrt_d(d_model):
 def test_window_diagnostics_hand_computed():
     """Uniform attention (no position term, zero content logits) has mean distance (L - 1) / 4; ALiBi
     with 4 heads hides every key 30 nats down in head 0 (slope 1/4: distances >= 120) of every layer."""
-    from relbench.inspect import window_diagnostics
+    from relbench.cost.inspection import window_diagnostics
 
     tokens = torch.randint(0, 256, (2, 256))
     flat = gpt("none", n_layers=2, d_model=32, n_heads=4)

@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from relbench import checkpoints, results
 from relbench.cli import app
+from relbench.runs import checkpoints, results
 
 runner = CliRunner()
 STEPS = 150
@@ -64,7 +64,7 @@ def test_killed_and_resumed_training_ends_with_identical_weights(uninterrupted, 
             how = [signal.SIGINT, signal.SIGTERM, signal.SIGKILL][attempt % 3]
             process.send_signal(how)
             interruptions.append((how.name, _resume_step(folder)))
-        out, err = process.communicate(timeout=120)
+        _out, err = process.communicate(timeout=120)
         if how != signal.SIGKILL and process.returncode not in (0, None):
             assert process.returncode in (130, 143), err.decode()
             assert b"Traceback" not in err and b"interrupted:" in err, err.decode()
@@ -246,7 +246,7 @@ def test_relbench_imports_without_posix_only_modules():
 
     code = ("import sys, warnings\nwarnings.simplefilter('ignore')\n"
             "sys.modules.update(fcntl=None, resource=None, termios=None)\n"
-            "import relbench.cli, relbench.results, relbench.profile, relbench.extrapolate\nprint('ok')")
+            "import relbench.cli, relbench.runs.results, relbench.cost.profiling, relbench.evaluation.extrapolate\nprint('ok')")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "ok", done.stderr
 
@@ -255,7 +255,7 @@ def test_a_lock_held_by_another_process_is_refused_with_its_pid(finished):
     import subprocess
     import sys
 
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom relbench import results\n"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom relbench.runs import results\n"
                                f"with results.RunLock({str(finished)!r}):\n    print('held', flush=True)\n"
                                "    sys.stdin.readline()"],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -270,7 +270,7 @@ def test_a_lock_held_by_another_process_is_refused_with_its_pid(finished):
 
 
 def test_out_of_memory_becomes_a_row_and_the_rest_continues(finished, monkeypatch):
-    from relbench import evaluate
+    from relbench.evaluation import perplexity as evaluate
 
     original = evaluate.perplexity
 
@@ -290,8 +290,8 @@ def test_out_of_memory_becomes_a_row_and_the_rest_continues(finished, monkeypatc
 def test_a_length_that_cannot_fit_is_an_oom_row_before_it_runs(finished, monkeypatch):
     """On CPU the kernel kills a process that allocates past the machine instead of raising, so a
     length whose materialised scores cannot fit is recorded as oom without running; the rest run."""
-    from relbench import memory
     from relbench.config import ModelConfig
+    from relbench.cost import memory
 
     config = ModelConfig(**results.read_json(finished / results.CONFIG)["model"])
     small, large = (memory.evaluation_bytes(config, "reference", n, 4096 // n, True) for n in (32, 256))
@@ -305,11 +305,12 @@ def test_a_length_that_cannot_fit_is_an_oom_row_before_it_runs(finished, monkeyp
 
 
 def test_extrapolate_again_computes_only_what_is_missing(finished, monkeypatch):
-    from relbench import evaluate
+    from relbench.evaluation import perplexity as evaluate
 
     calls = []
     original = evaluate.perplexity
-    monkeypatch.setattr(evaluate, "perplexity", lambda m, s, length, *a, **k: calls.append(length) or original(m, s, length, *a, **k))
+    monkeypatch.setattr(evaluate, "perplexity",
+                        lambda m, s, length, *a, **k: calls.append(length) or original(m, s, length, *a, **k))
     result = run("extrapolate", "--run-dir", finished, "--lengths", 32, 64)
     assert result.exit_code == 0, result.output
     assert calls == [] and "already computed" in result.output
@@ -397,9 +398,9 @@ def test_checkpoint_loads_the_bytes_it_verified(tmp_path, monkeypatch):
     still what comes back, not a second read of the file."""
     from dataclasses import asdict
 
-    from relbench.checkpoints import MODEL_FILE, load_model, save_checkpoint
     from relbench.config import ModelConfig
     from relbench.model import GPT
+    from relbench.runs.checkpoints import MODEL_FILE, load_model, save_checkpoint
 
     config = ModelConfig(vocab_size=256, d_model=32, n_layers=1, n_heads=2, train_length=16, position="alibi")
     model = GPT(config, seed=0)

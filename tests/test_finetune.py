@@ -11,11 +11,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from relbench import checkpoints, results, train
-from relbench.batches import training_batch
 from relbench.cli import app
 from relbench.config import TrainConfig
-from relbench.finetune import batch_size_for, warmup_for
+from relbench.runs import checkpoints, results
+from relbench.training import train
+from relbench.training.batches import training_batch
+from relbench.training.finetune import batch_size_for, warmup_for
 
 runner = CliRunner()
 STEPS, LENGTH = 3, 64      # tiny preset: train length 32, batch 8; fine-tuning at 2x: batch 4, the same tokens per step

@@ -9,14 +9,14 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from relbench.batches import retrieval_accuracy, training_batch, validation_batches
 from relbench.cli import app
 from relbench.config import TrainConfig
 from relbench.data.tokenizer import ByteTokenizer
 from relbench.errors import UsageError
-from relbench.extrapolate import Job
+from relbench.evaluation.extrapolate import Job
 from relbench.stats import wilson
-from relbench.tasks import mqar, passkey
+from relbench.tasks import mqar
+from relbench.training.batches import retrieval_accuracy, training_batch, validation_batches
 
 TOKENIZER = ByteTokenizer()
 # filler with bytes of the task's alphabet in it ("é" is 0xC3 0xA9, "ü" 0xC3 0xBC): they must not survive
@@ -230,7 +230,7 @@ def test_extrapolate_writes_mqar_rows_and_passkey_intervals(tmp_path):
     assert result.output.count("mqar L=") == 2 and "alibi" in result.output
     rows = pd.read_csv(run_dir / "mqar.csv")
     assert set(rows["status"]) == {"ok"} and (rows["n_pairs"] == 2).all() and (rows["trials"] == 2).all()
-    for (length, depth), mine in rows.groupby(["length", "depth"]):
+    for (_length, _depth), mine in rows.groupby(["length", "depth"]):
         assert mine["queries"].sum() == 2 * 2                                         # trials x pairs
     assert sorted(rows.groupby(["length", "depth"]).groups) == [(n, d) for n in (32, 128)
                                                                  for d in (0.0, 0.25, 0.5, 0.75, 1.0)]

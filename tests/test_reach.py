@@ -4,7 +4,7 @@ and the per-seed values; a variant with no learned seed is "not learned (0/n)", 
 import pandas as pd
 import pytest
 
-from relbench.reach import Competence, accuracy_by_length, competence_note, reach_of, reach_table, steps_to_learn
+from relbench.evaluation.reach import Competence, accuracy_by_length, competence_note, reach_of, reach_table, steps_to_learn
 from relbench.stats import wilson
 
 DEPTHS = (0.0, 0.5, 1.0)
@@ -110,7 +110,7 @@ def test_seeds_that_did_not_learn_count_without_rows():
 
 
 def test_a_model_that_did_not_learn_its_task_is_not_evaluated_on_it():
-    from relbench.extrapolate import not_learned
+    from relbench.evaluation.extrapolate import not_learned
 
     meta = {"train": {"task": "passkey", "criterion_accuracy": 0.95},
             "summary": {"learned": False, "val_accuracy": 0.94, "steps": 5000}}

@@ -5,7 +5,7 @@ import math
 import pandas as pd
 import pytest
 
-from relbench.report import aggregate, perplexity_table
+from relbench.reporting.report import aggregate, perplexity_table
 
 CONFIG = {"model": {"train_length": 16}, "variants": ["a", "b", "c"]}
 
@@ -35,7 +35,7 @@ def test_aggregate_statistics_and_resolution():
     assert a64["ratio_mean"] == pytest.approx((4.0 / 4.0 + 4.1 / 4.2 + 4.2 / 4.1) / 3)
     assert summary.loc[("b", 64), "unresolved_vs_best"] is True
     assert summary.loc[("c", 64), "unresolved_vs_best"] is False
-    header, body = perplexity_table(summary.reset_index(), "nonoverlap")
+    _header, body = perplexity_table(summary.reset_index(), "nonoverlap")
     cells = {r[0]: r for r in body}
     assert cells["b"][2].endswith("~") and not cells["c"][2].endswith("~")
     assert "±" in cells["a"][2]
@@ -50,7 +50,7 @@ def test_statuses_other_than_ok_are_shown():
     summary = aggregate(pd.concat([table, extra]), CONFIG)
     header, body = perplexity_table(summary, "nonoverlap")
     assert header == ["variant", "L=16", "L=64"]
-    assert dict((r[0], r[2]) for r in body) == {"a": "4.400 (x1.10)", "b": "unsupported"}
+    assert {r[0]: r[2] for r in body} == {"a": "4.400 (x1.10)", "b": "unsupported"}
 
 
 # --- plots: many variants in a grid of at most four columns -------------------------------------------
@@ -66,7 +66,7 @@ def _png_size(path):
 
 def _capture_figures(monkeypatch):
     """The figures the plotting functions save (they close them, but the axes stay inspectable)."""
-    from relbench import plots
+    from relbench.reporting import plots
 
     figures, save = [], plots._save
     monkeypatch.setattr(plots, "_save", lambda fig, path: (figures.append(fig), save(fig, path))[1])
@@ -87,6 +87,45 @@ def _check_grid(path, figure, n_panels):
     return visible
 
 
+def overlapping_texts(figure) -> list[tuple[str, str]]:
+    """Pairs of visible, non-empty texts of a saved figure whose boxes intersect: titles, axis and
+    figure labels, tick labels, legends' texts and annotations, as drawn."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.text import Text
+
+    canvas = FigureCanvasAgg(figure)       # the figure was saved and closed: draw it again as it was saved
+    canvas.draw()
+    renderer = canvas.get_renderer()
+
+    drawn_ticks = {id(label) for ax in figure.axes if ax.get_visible() for axis in (ax.xaxis, ax.yaxis)
+                   for tick in axis._update_ticks() for label in (tick.label1, tick.label2)}   # ticks in view
+    tick_labels = {id(label) for ax in figure.axes for axis in (ax.xaxis, ax.yaxis)
+                   for tick in axis.get_major_ticks() + axis.get_minor_ticks() for label in (tick.label1, tick.label2)}
+    texts = [t for t in figure.findobj(Text) if t.get_visible() and t.get_text().strip()
+             and (t.axes is None or t.axes.get_visible()) and (id(t) not in tick_labels or id(t) in drawn_ticks)]
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in texts]
+    out = []
+    for i, (a, box_a) in enumerate(boxes):
+        for b, box_b in boxes[i + 1:]:
+            inter_w = min(box_a.x1, box_b.x1) - max(box_a.x0, box_b.x0)
+            inter_h = min(box_a.y1, box_b.y1) - max(box_a.y0, box_b.y0)
+            if inter_w > 1 and inter_h > 1:     # more than a pixel each way: touching is not overlapping
+                out.append((a, b))
+    return out
+
+
+def test_overlapping_texts_finds_text_drawn_over_text():
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(6, 5), layout="constrained")
+    top.set_xlabel("a label under the top panel")
+    bottom.set_title("a title over the bottom panel")
+    assert overlapping_texts(fig) == []                  # laid out: apart
+    top.annotate("text drawn on the label", xy=(0.5, 0), xycoords=top.xaxis.label, ha="center", va="bottom")
+    assert [set(pair) for pair in overlapping_texts(fig)] == [{"a label under the top panel", "text drawn on the label"}]
+    plt.close(fig)
+
+
 def _profile_rows(n_variants):
     """profile.csv-like rows: two backends at four lengths for each variant, plus a failed row."""
     out = [{"variant": f"v{i}", "backend": backend, "length": length, "batch": 1, "heads": 4, "head_dim": 16,
@@ -99,7 +138,7 @@ def _profile_rows(n_variants):
 
 @pytest.mark.parametrize("n_variants", [10, 16])
 def test_attention_cost_panels_in_rows_of_four(tmp_path, monkeypatch, n_variants):
-    from relbench.plots import attention_cost
+    from relbench.reporting.plots import attention_cost
 
     figures = _capture_figures(monkeypatch)
     path = attention_cost(_profile_rows(n_variants), tmp_path / "attention_cost.png")
@@ -119,8 +158,8 @@ def test_attention_cost_panels_in_rows_of_four(tmp_path, monkeypatch, n_variants
 
 def _learned_bias_run(run_dir, variants):
     """Finished tiny two-layer checkpoints: untrained weights are enough to draw the bias curves."""
-    from relbench import checkpoints, results
     from relbench.model import GPT, ModelConfig
+    from relbench.runs import checkpoints, results
 
     for variant in variants:
         model = {"vocab_size": 256, "d_model": 32, "n_layers": 2, "n_heads": 4, "train_length": 16, "position": variant}
@@ -130,7 +169,7 @@ def _learned_bias_run(run_dir, variants):
 
 
 def test_learned_bias_panels_in_rows_of_four(tmp_path, monkeypatch):
-    from relbench.plots import learned_bias
+    from relbench.reporting.plots import learned_bias
 
     # xl and dynamic have a bias per layer (two panels: layer 0 and the last), the others one shared
     # bias; alibi has nothing learned and is left out: 2 + 2 + 1 + 1 + 1 + 1 + 2 = 10 panels
@@ -144,7 +183,8 @@ def test_learned_bias_panels_in_rows_of_four(tmp_path, monkeypatch):
     for ax in panels:  # the same distances everywhere; each panel keeps its own bias scale
         assert ax.get_shared_x_axes().joined(panels[0], ax)
         assert ax is panels[0] or not ax.get_shared_y_axes().joined(panels[0], ax)
-        assert ax.get_xlabel() == "distance i - j" and ax.get_ylabel() == "bias - bias at distance 0"
+    assert figures[0].get_supxlabel().startswith("distance i - j") and "bias at distance 0" in figures[0].get_supylabel()
+    assert overlapping_texts(figures[0]) == []
     assert panels[0].get_legend().get_title().get_text() == "dashed: ALiBi"
     for ax in panels[-4:]:
         assert ax.xaxis.get_tick_params()["labelbottom"]
@@ -155,11 +195,11 @@ def test_learned_bias_panels_in_rows_of_four(tmp_path, monkeypatch):
 def test_log_axes_minor_labels_thin_out_over_decades(low, high, minor):
     import matplotlib.pyplot as plt
 
-    from relbench.plots import _log_axes
+    from relbench.reporting.plots import log_axes
 
     fig, ax = plt.subplots()
     ax.plot([16, 256], [low, high])
-    _log_axes(ax, [16, 256])
+    log_axes(ax, [16, 256])
     fig.canvas.draw()
     shown = {t.get_text() for t in ax.get_yticklabels(minor=True)
              if t.get_text() and low <= float(t.get_text()) <= high}

@@ -1,13 +1,13 @@
-"""The split paths (relbench/fused.py): the far/near horizon split and the linear split for a
+"""The split paths (relbench/attention/fused.py): the far/near horizon split and the linear split for a
 separable bias, against the reference path, with their merges counted (the `merges` fixture of
 conftest.py) at sizes where each branch runs."""
 
 import pytest
 import torch
-from attention_cases import D, H, LONG, SPLIT, encoding, prepared
+from attention_cases import LONG, SPLIT, D, H, encoding, prepared
 
 from relbench.attention import attention, chunked_attention, recording
-from relbench.fused import linear_block, split_attention, split_linear_attention
+from relbench.attention.fused import linear_block, split_attention, split_linear_attention
 from relbench.positions.plan import BiasPlan
 
 
@@ -65,7 +65,7 @@ def test_auto_takes_the_horizon_split_for_a_short_horizon_at_length():
 def test_shaw_band_is_its_bias_on_the_keys_up_to_each_query():
     """ShawPlan.band slices its products; the generic BiasPlan.band gathers the same from blocks."""
     for spec in ("shaw:k=3", "shaw:k=1", "shaw:k=0"):
-        q, k, v, plan = prepared(encoding(spec), 40, 40)
+        _q, _k, _v, plan = prepared(encoding(spec), 40, 40)
         horizon = max(1, plan.horizon or 1)
         band = plan.band(horizon + 2, 40, horizon)
         torch.testing.assert_close(band, BiasPlan.band(plan, horizon + 2, 40, horizon), rtol=0, atol=0)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from relbench.data.tokenizer import ByteTokenizer
-from relbench.tasks import copy as copy_task
+from relbench.tasks import copying as copy_task
 from relbench.tasks import passkey
 
 TOKENIZER = ByteTokenizer()

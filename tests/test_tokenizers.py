@@ -12,14 +12,15 @@ import torch
 import torch.nn.functional as F
 from typer.testing import CliRunner
 
-from relbench import checkpoints, data, results
+from relbench import data
 from relbench.cli import app
 from relbench.data import cache, corpus, load_run_splits, load_splits, tokenize_documents, training_texts
 from relbench.data import tokenizer as tokenizers
 from relbench.data.tokenizer import ByteTokenizer, bytes_to_unicode, parse, token_dtype, train_bpe
 from relbench.errors import RelbenchError, UsageError
-from relbench.evaluate import perplexity, scored_text
+from relbench.evaluation.perplexity import perplexity, scored_text
 from relbench.model import GPT, ModelConfig
+from relbench.runs import checkpoints, results
 from relbench.tasks import passkey
 
 MULTILINGUAL = ["Fellow-Citizens of the Senate — “union” ’tis", "Grüße aus Köln: Straße, Öl, Äpfel.",
@@ -173,7 +174,8 @@ def tiny_model(vocab_size):
 
 def test_bits_per_byte_of_byte_tokens_is_the_loss_over_ln2():
     test = ByteTokenizer().encode(" ".join(speeches(3, 2000)))
-    text = scored_text(test, [16, 60], 7 * 60, ByteTokenizer.token_bytes)    # 420 tokens: dividing by a power of two would be exact anyway
+    # 420 tokens: dividing by a power of two would be exact anyway
+    text = scored_text(test, [16, 60], 7 * 60, ByteTokenizer.token_bytes)
     for mode, stride in (("nonoverlap", None), ("sliding", 8)):
         result = perplexity(tiny_model(256), text, 16, 4096, "cpu", mode, stride)
         assert result.n_bytes == result.n_tokens

@@ -8,11 +8,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from relbench import results
 from relbench.cli import app
 from relbench.config import TrainConfig
 from relbench.model import GPT, ModelConfig
-from relbench.train import make_optimizer, position_lr
+from relbench.runs import results
+from relbench.training.train import make_optimizer, position_lr
 
 runner = CliRunner()
 

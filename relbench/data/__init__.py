@@ -36,7 +36,7 @@ from relbench.data.cache import SPLITS, cache_dir  # noqa: F401  (part of the mo
 from relbench.data.corpus import Source, open_source
 from relbench.data.tokenizer import ByteTokenizer, Tokenizer, from_hub, from_json, parse, train_bpe
 from relbench.errors import RelbenchError, UsageError
-from relbench.results import atomic_write_text
+from relbench.runs.results import atomic_write_text
 
 SPLIT_RULE = "doc-mod10:test=9,val=4;stream-80-10-10:v1"   # part of every cache key: change it with the rule
 CHUNK_CHARS = 1 << 22       # text tokenized per batch: enough for every core, little past a stream's budget

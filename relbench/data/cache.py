@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from relbench.results import atomic_write, atomic_write_text
+from relbench.runs.results import atomic_write, atomic_write_text
 
 SPLITS = ("train", "validation", "test")
 META = "meta.json"

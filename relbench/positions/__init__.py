@@ -8,8 +8,25 @@
 """
 
 from relbench.positions import (  # noqa: F401  (importing a module registers its variants and evaluation forms)
-    absolute, alibi, cope, dape, dynamic, fire, forms, fox, kerple, rope, rope_forms, sandwich, shaw, t5,
-    table_forms, transformer_xl, xl, xpos)
+    absolute,
+    alibi,
+    cope,
+    dape,
+    dynamic,
+    fire,
+    forms,
+    fox,
+    kerple,
+    rope,
+    rope_forms,
+    sandwich,
+    shaw,
+    t5,
+    table_forms,
+    transformer_xl,
+    xl,
+    xpos,
+)
 from relbench.positions.base import (  # noqa: F401
     PositionEncoding,
     RelativeBias,

@@ -12,16 +12,14 @@ from __future__ import annotations
 import abc
 import inspect
 import math
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from relbench.errors import RelbenchError, UsageError, one_line, unknown
+from relbench.errors import UsageError, one_line, unknown
 from relbench.positions.plan import BiasPlan, DistancePlan
 
-if TYPE_CHECKING:
-    from relbench.positions.forms import Form
 
 class Registry:
     """Named classes of one kind (position variants; evaluation forms in positions/forms.py): a class
@@ -311,3 +309,55 @@ def scheme(spec: str) -> type[PositionEncoding]:
     """The class a variant spec names ("xl:k=64" -> the `xl` class): its declared capabilities
     (adds_bias, rotates, has_horizon, ...) hold whatever the options."""
     return get(_parse(spec)[0])
+
+
+def format_value(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+class Form:
+    """An evaluation form (positions/forms.py registers them: YaRN, log-n scaling, ...): the hooks an
+    encoding calls, the identity here. Subclasses override the hooks their method changes."""
+
+    name: ClassVar[str] = ""
+    applies_to: ClassVar[type[PositionEncoding]] = PositionEncoding   # the schemes (with subclasses) it fits
+    formula: ClassVar[str] = ""           # one line, shown in the README and by `forms_table`
+
+    @classmethod
+    def applies(cls, scheme: type[PositionEncoding]) -> bool:
+        return issubclass(scheme, cls.applies_to)
+
+    @classmethod
+    def options(cls) -> dict[str, inspect.Parameter]:
+        return {n: p for n, p in inspect.signature(cls.__init__).parameters.items() if n != "self"}
+
+    def check(self, enc: PositionEncoding) -> None:
+        """Refuse (UsageError) an encoding of the right class whose options the form cannot read."""
+
+    # ---- hooks --------------------------------------------------------------------------------------
+    def logit_scale(self, enc: PositionEncoding, length: int) -> float:
+        return 1.0
+
+    def frequencies(self, enc: PositionEncoding, inv_freq: Tensor, length: int) -> Tensor:
+        return inv_freq
+
+    def distance_bias(self, enc: PositionEncoding, distance: Tensor, length: int) -> Tensor:
+        return enc.distance_bias(distance)
+
+    def horizon(self, enc: PositionEncoding, length: int) -> int | None:
+        return enc.horizon()
+
+    def pinned(self, enc: PositionEncoding, length: int) -> Form:
+        """The form to fine-tune under at `length`: options that default to following the evaluated
+        length (a factor of 0) fixed at their value there. The base class has none: itself."""
+        return self
+
+    def text(self) -> str:
+        """The form as a spec writes it: its name and the options that differ from their defaults."""
+        given = [f"{n}={format_value(getattr(self, n))}" for n, p in self.options().items()
+                 if getattr(self, n) != p.default]
+        return self.name + (":" + ",".join(given) if given else "")
+
+    def __repr__(self) -> str:
+        values = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.options() if hasattr(self, k))
+        return f"{self.name}({values})"

@@ -16,6 +16,7 @@ i, the bias is not a function of i - j alone.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import torch
@@ -36,7 +37,7 @@ class FirePlan(BiasPlan):
     # auto trains FIRE on the chunked path on CUDA
     flex_trains = False
 
-    def __init__(self, fire: "Fire", q_len: int, k_len: int):
+    def __init__(self, fire: Fire, q_len: int, k_len: int):
         super().__init__(fire.n_heads, q_len, k_len)
         self.fire = fire
 
@@ -84,7 +85,7 @@ class FirePlan(BiasPlan):
             on = (ends[:, None] <= torch.tensor(lo, dtype=torch.float64, device=device)[None]).to(g.dtype)  # (S, K)
             a = (const[None] - on @ (g * t).t()).view(-1, heads, 1, 1)                          # (S, H, 1, 1)
             b = (slope[None] + on @ g.t()).view(-1, heads, 1, 1)
-            for s, (c0, c1) in enumerate(zip(cuts, cuts[1:])):
+            for s, (c0, c1) in enumerate(itertools.pairwise(cuts)):
                 tile, target = x[a0:a1, c0:c1], out[:, a0:a1, c0:c1]
                 target.copy_(a[s].expand_as(target)).addcmul_(b[s], tile)   # (out-of-place addcmul is 4x slower)
                 for k, threshold in enumerate(thresholds):
@@ -107,7 +108,7 @@ class FirePlan(BiasPlan):
         threshold included, is its own (H,) tensor, indexed once by the head."""
         fire, offset, heads = self.fire, self.k_len - self.q_len, self.n_heads
         const, slope, t, g = fire.ramps(0.0, 1.0)                 # x lies in [0, 1)
-        per_head = lambda scalar: scalar.expand(heads).clone()    # noqa: E731  (own storage, (H,))
+        per_head = lambda scalar: scalar.expand(heads).clone()
         terms = [(per_head(t[k]), g[:, k].clone()) for k in range(t.shape[0])]
         c_h, threshold_h = per_head(fire.c), per_head(fire.threshold())
 

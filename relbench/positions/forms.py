@@ -9,7 +9,7 @@ A spec "VARIANT[:options]@FORM[:key=value,...]" names the trained variant and th
     xl@logidx:log_from=8     a clipped table read with log-scaled distances (positions/table_forms.py)
 
 The part before "@" names a checkpoint: a trained variant ("rope"), or one fine-tuned at a longer
-length by `relbench finetune` ("rope+ft1024", relbench/finetune.py), which keeps its variant's scheme.
+length by `relbench finetune` ("rope+ft1024", relbench/training/finetune.py), which keeps its variant's scheme.
 A checkpoint fine-tuned under a form carries it in its name, with the options that follow the length
 pinned at the fine-tuning length ("rope@pi:factor=4+ft1024": PI with s = 1024 / 256, as in Chen et
 al. 2023), and is evaluated with that form at every length; it takes no second form.
@@ -32,65 +32,17 @@ L is the length of the sequence being evaluated: the number of keys of the atten
 from __future__ import annotations
 
 import copy
-import inspect
 import math
 import re
-from typing import Any, ClassVar
+from typing import Any
 
-from torch import Tensor, nn
+from torch import nn
 
 from relbench.errors import UsageError, one_line
 from relbench.positions import base
-from relbench.positions.base import PositionEncoding
+from relbench.positions.base import Form, PositionEncoding
 
 _FORMS: base.Registry = base.Registry("evaluation form")
-
-
-class Form:
-    """Base class: the identity. Subclasses override the hooks their method changes."""
-
-    name: ClassVar[str] = ""
-    applies_to: ClassVar[type[PositionEncoding]] = PositionEncoding   # the schemes (with subclasses) it fits
-    formula: ClassVar[str] = ""           # one line, shown in the README and by `forms_table`
-
-    @classmethod
-    def applies(cls, scheme: type[PositionEncoding]) -> bool:
-        return issubclass(scheme, cls.applies_to)
-
-    @classmethod
-    def options(cls) -> dict[str, inspect.Parameter]:
-        return {n: p for n, p in inspect.signature(cls.__init__).parameters.items() if n != "self"}
-
-    def check(self, enc: PositionEncoding) -> None:
-        """Refuse (UsageError) an encoding of the right class whose options the form cannot read."""
-
-    # ---- hooks --------------------------------------------------------------------------------------
-    def logit_scale(self, enc: PositionEncoding, length: int) -> float:
-        return 1.0
-
-    def frequencies(self, enc: PositionEncoding, inv_freq: Tensor, length: int) -> Tensor:
-        return inv_freq
-
-    def distance_bias(self, enc: PositionEncoding, distance: Tensor, length: int) -> Tensor:
-        return enc.distance_bias(distance)
-
-    def horizon(self, enc: PositionEncoding, length: int) -> int | None:
-        return enc.horizon()
-
-    def pinned(self, enc: PositionEncoding, length: int) -> Form:
-        """The form to fine-tune under at `length`: options that default to following the evaluated
-        length (a factor of 0) fixed at their value there. The base class has none: itself."""
-        return self
-
-    def text(self) -> str:
-        """The form as a spec writes it: its name and the options that differ from their defaults."""
-        given = [f"{n}={format_value(getattr(self, n))}" for n, p in self.options().items()
-                 if getattr(self, n) != p.default]
-        return self.name + (":" + ",".join(given) if given else "")
-
-    def __repr__(self) -> str:
-        values = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.options() if hasattr(self, k))
-        return f"{self.name}({values})"
 
 
 def register_form(name: str):
@@ -191,10 +143,6 @@ def replaced(form: Form, **options: Any) -> Form:
     for name, value in options.items():
         setattr(copied, name, value)
     return copied
-
-
-def format_value(value: Any) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def parse_form(spec: str) -> Form | None:

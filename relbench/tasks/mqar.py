@@ -73,7 +73,7 @@ def layout(length: int, n_pairs: int, depth: float) -> tuple[int, int]:
     if room < 0:
         raise UsageError(f"mqar with {n_pairs} pairs needs windows of at least {min_length(n_pairs)} tokens, got "
                          f"{length}; use longer windows or fewer pairs")
-    return int(round(depth * room)), room + 2 * n_pairs
+    return int(round(depth * room)), room + 2 * n_pairs  # noqa: RUF046  (numpy floats round to floats)
 
 
 def filler_token(tokenizer) -> int:

@@ -70,7 +70,7 @@ def sequence(stream: np.ndarray, trial: Trial, length: int, tokenizer) -> tuple[
     if room < 0:
         raise UsageError(f"passkey needs windows of at least {length - room} tokens, got {length}")
     filler = stream[trial.filler_start: trial.filler_start + room].astype(np.int64)
-    at = int(round(trial.depth * room))
+    at = int(round(trial.depth * room))  # noqa: RUF046  (numpy floats round to floats)
     tokens = np.concatenate([filler[:at], statement, filler[at:], question, answer])
     return tokens, slice(length - len(answer), length)
 

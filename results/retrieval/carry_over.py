@@ -18,9 +18,9 @@ from pathlib import Path
 import pandas as pd
 
 from relbench import config as C
-from relbench import results
-from relbench.extrapolate import MQAR_CSV, PASSKEY_CSV
-from relbench.train import position_lr
+from relbench.evaluation.extrapolate import MQAR_CSV, PASSKEY_CSV
+from relbench.runs import results
+from relbench.training.train import position_lr
 
 run = Path(sys.argv[1] if len(sys.argv) > 1 else "results/retrieval")
 old = results.require_run(run)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from relbench import results
-from relbench.extrapolate import MQAR_KEY, PASSKEY_KEY
+from relbench.evaluation.extrapolate import MQAR_KEY, PASSKEY_KEY
+from relbench.runs import results
 
 source, target = Path(sys.argv[1]), Path(sys.argv[2] if len(sys.argv) > 2 else "results/retrieval")
 mine, theirs = results.require_run(target), results.require_run(source)

@@ -1,0 +1,276 @@
+"""Causal attention with a position bias, behind one function.
+
+    q, k, plan = enc.prepare(q, k)                  # q, k: (B, H, L, D) as projected
+    attention(q, k, v, plan, backend="auto")        # -> (B, H, L, D)
+
+Queries are the LAST Lq of the Lk key positions. The scheme's bias comes as a BiasPlan
+(positions/plan.py); each path takes from it what it needs:
+
+- `reference`: the seed's path. Materialise the (H, Lq, Lk) bias and the scores, add, mask,
+  softmax. Every other path is tested against it.
+- `sdpa`: torch's scaled_dot_product_attention, `is_causal` without a bias, a float mask
+  (bias + causal -inf, materialised) with one.
+- `chunked`: queries in blocks; each block builds only its rows of the bias and skips the keys
+  after its last query. Memory O(block x L); works for every scheme, with autograd.
+The split, split-linear and toeplitz paths (exact decompositions handed to the fused CPU kernel)
+live in relbench/attention/fused.py; this module holds the interface, the choice of path and the others.
+
+- `split`: exact decomposition for biases that become constant beyond a horizon K (xl, t5, shaw).
+  Far keys go through the fused unbiased kernel in one causal call, the band of near keys gets the
+  bias in one batched call of query blocks, and the two are merged by their log-sum-exp. CPU
+  inference only; `auto` takes it for Shaw, and for a distance-only bias from L >= 32 x horizon.
+- `split-linear`: the same for a separable bias r(i) + c(j) (alibi's linear distance, fox's running
+  sums): per query block the row term cancels and the bias is a per-key term; the block's own keys
+  and the earlier keys are merged by log-sum-exp.
+- `toeplitz`: a bias that depends on i - j alone (xl, t5, alibi, kerple, sandwich, dynamic), with
+  the causal mask folded in, given to the fused CPU kernel as a zero-copy strided view of one O(L)
+  vector per head (a Hankel matrix over the reversed keys). CPU inference.
+- `flex`: FlexAttention with the scheme's score_mod and a causal block mask, compiled. Inference
+  on CPU (torch has no FlexAttention backward on CPU); training and inference on CUDA.
+
+A *backend* is what the user asks for (`auto`, `split`, ...); the *path* is the algorithm that
+runs. `resolve` maps one to the other, visibly: `split` on a sequence too short for any far key
+is the chunked path, and says so. Nothing falls back inside a path; `recording()` counts the
+paths that really ran, which is what profile.csv, extrapolation.csv and the report show.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections import Counter
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from relbench.attention.fused import (
+    SPLIT_HORIZON_RATIO,
+    four_d,
+    split_attention,
+    split_fits,
+    split_linear_attention,
+    toeplitz_attention,
+)
+from relbench.errors import UsageError, unknown
+from relbench.positions.base import PositionEncoding
+from relbench.positions.plan import BiasPlan, causal_mask, distance_grid
+
+BACKENDS = ("auto", "reference", "sdpa", "chunked", "split", "toeplitz", "flex")
+PATH_NAMES = ("reference", "sdpa", "chunked", "split", "split-linear", "toeplitz", "flex")
+CHUNK_ROWS = (64, 512)      # query rows per block on the chunked path: as many as keep its mask
+CHUNK_MASK_BYTES = 16 << 20  # within this (at 4096 keys, 8 heads: 128 rows, 1.3-1.4x faster than 512)
+
+
+# ---- reference and sdpa ---------------------------------------------------------------------------
+def reference_attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None) -> Tensor:
+    q_len, k_len = q.shape[-2], k.shape[-2]
+    scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, H, Lq, Lk)
+    if plan is not None:
+        scores = scores + plan.full().to(scores.dtype)                      # (H or B,H, Lq, Lk)
+    scores = scores.masked_fill(causal_mask(q_len, k_len, q.device), float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1), v)                    # (B, H, Lq, D)
+
+
+def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None) -> Tensor:
+    q_len, k_len = q.shape[-2], k.shape[-2]
+    if plan is None and q_len == k_len:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    bias = torch.zeros(q_len, k_len, dtype=q.dtype, device=q.device) if plan is None else plan.full().to(q.dtype)
+    mask = bias.masked_fill(causal_mask(q_len, k_len, q.device), float("-inf"))  # (H?, Lq, Lk)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+# ---- chunked ----------------------------------------------------------------------------------------
+def chunk_block(k_len: int, heads: int, device_type: str = "cpu") -> int:
+    """Query rows per block of the chunked path. On the CPU its (H, rows, keys) fp32 mask stays within
+    CHUNK_MASK_BYTES (a tile that stays in cache while it is written and read), within CHUNK_ROWS. On
+    CUDA, where every block is a few kernel launches, the largest: on an H200 128-row blocks at 16384
+    keys made transformer-xl 6x slower than 512-row ones (292 against 47 ms)."""
+    if device_type != "cpu":
+        return CHUNK_ROWS[1]
+    return min(CHUNK_ROWS[1], max(CHUNK_ROWS[0], CHUNK_MASK_BYTES // (4 * heads * max(1, k_len))))
+
+
+def chunked_attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None, block: int | None = None) -> Tensor:
+    q_len, k_len = q.shape[-2], k.shape[-2]
+    block = chunk_block(k_len, q.shape[1], q.device.type) if block is None else block
+    offset = k_len - q_len
+    outputs = []
+    for start in range(0, q_len, block):
+        end = min(q_len, start + block)
+        keys = offset + end                                    # keys after the block's last query are skipped
+        q_blk = q[..., start:end, :]                           # (B, H, bq, D)
+        if plan is None:
+            masked = distance_grid(offset + start, offset + end, 0, keys, q.device) < 0   # (bq, keys)
+            mask = torch.zeros(end - start, keys, dtype=q.dtype, device=q.device).masked_fill(masked, float("-inf"))
+        else:
+            # (1 or B, H, bq, keys): the fused CPU kernel takes only a 4-d mask (a 3-d one runs the unfused math path)
+            mask = four_d(plan.causal_block(offset + start, offset + end, keys).to(q.dtype))
+        outputs.append(F.scaled_dot_product_attention(q_blk, k[..., :keys, :], v[..., :keys, :], attn_mask=mask))
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-2)   # (B, H, Lq, D)
+
+
+# ---- flex -------------------------------------------------------------------------------------------
+_FLEX: dict = {}
+
+
+def flex_attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None) -> Tensor:
+    """FlexAttention, compiled once per shape (dynamic=False: dynamic shapes fail to compile some
+    score_mods on CPU), with the causal block mask cached per (Lq, Lk, device)."""
+    from torch.nn.attention import flex_attention as flex
+
+    if "kernel" not in _FLEX:
+        _FLEX["kernel"] = torch.compile(flex.flex_attention, dynamic=False)
+    q_len, k_len = q.shape[-2], k.shape[-2]
+    key = (q_len, k_len, str(q.device))
+    if key not in _FLEX:
+        offset = k_len - q_len
+
+        def causal(b, h, q_idx, kv_idx):
+            return q_idx + offset >= kv_idx
+
+        _FLEX[key] = flex.create_block_mask(causal, None, None, q_len, k_len, device=q.device)
+    score_mod = None if plan is None else plan.score_mod()
+    if plan is not None and score_mod is None:
+        raise UsageError("this position scheme has no FlexAttention score_mod; use the chunked backend")
+    # each length compiles its own kernel; past dynamo's recompile limit (8 by default) flex would
+    # silently run unfused and materialise every score. The limit is raised for these calls only,
+    # where the (re)compilation happens, and restored after: other compiled code keeps torch's default.
+    with torch._dynamo.config.patch(recompile_limit=FLEX_RECOMPILE_LIMIT):
+        return _FLEX["kernel"](q, k, v, score_mod=score_mod, block_mask=_FLEX[key])
+
+
+FLEX_RECOMPILE_LIMIT = 256   # one kernel per (length, score_mod) a run evaluates; well above what a run uses
+
+
+PATHS = {"reference": reference_attention, "sdpa": sdpa_attention, "chunked": chunked_attention,
+         "split": split_attention, "split-linear": split_linear_attention, "toeplitz": toeplitz_attention,
+         "flex": flex_attention}
+
+
+# ---- choosing and checking a backend ----------------------------------------------------------------
+def needs_grad(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None) -> bool:
+    if not torch.is_grad_enabled():
+        return False
+    return q.requires_grad or k.requires_grad or v.requires_grad or (plan is not None and plan.requires_grad)
+
+
+def choose(plan: BiasPlan | None, q: Tensor, k_len: int, grad: bool) -> str:
+    """The fastest exact backend measured for this device, mode and scheme (benchmarks/attention.py)."""
+    if plan is None:
+        return "sdpa"
+    if q.device.type == "cuda":  # a per-query position term (transformer-xl) has no score_mod
+        return "flex" if plan.has_score_mod and (plan.flex_trains or not grad) else "chunked"
+    if grad:
+        # measured (benchmarks/train_throughput.py, quick model): in fp32 chunked is as fast as the
+        # reference path at 256 and twice as fast at 1024; under bf16 autocast the materialised
+        # reference path is the fastest up to 1024 (1.25x chunked at 256)
+        if q.dtype == torch.bfloat16 and k_len <= 1024:
+            return "reference"
+        return "chunked"
+    # CPU inference: a bias constant beyond a horizon short against the length through the horizon
+    # split (its far keys run unbiased; at 4096 xl and t5 1.02-1.09x of unbiased SDPA against the
+    # toeplitz view's 1.15-1.17x, and Shaw's content-dependent bias has no other fast path); any
+    # other distance-only bias as a strided view; a separable one (FoX) through the linear split;
+    # the rest chunked (resolve names it)
+    if plan.distance_only:
+        short = plan.horizon is not None and plan.horizon * SPLIT_HORIZON_RATIO <= k_len
+        return "split" if short and split_fits(plan, q, k_len) else "toeplitz"
+    return "split"
+
+
+def resolve(backend: str, plan: BiasPlan | None, q: Tensor, k_len: int, grad: bool) -> str:
+    """The path (PATH_NAMES) that `backend` runs for this plan and these queries. `auto` picks the
+    backend (`choose`); `split` is the horizon split where it has far keys, the linear split for
+    a separable bias (ALiBi, FoX), and otherwise what the split would compute anyway: sdpa without a bias, chunked for a
+    short, non-square or non-CPU call."""
+    if backend == "auto":
+        backend = choose(plan, q, k_len, grad)
+    elif backend not in BACKENDS:
+        raise unknown("attention backend", backend, list(BACKENDS))
+    if backend not in ("split", "toeplitz"):
+        return backend
+    if plan is None:
+        return "sdpa"
+    if grad:
+        raise UsageError(f"the {backend} backend is for inference only (its fused kernel returns no gradient "
+                         "for the bias); train with --attention auto or chunked")
+    if backend == "toeplitz":
+        return "toeplitz" if plan.distance_only and q.device.type == "cpu" else "chunked"
+    if plan.separable and q.shape[-2] == k_len and q.device.type == "cpu":
+        return "split-linear"
+    return "split" if split_fits(plan, q, k_len) else "chunked"
+
+
+def check(backend: str, position: PositionEncoding | type[PositionEncoding] | None = None,
+          device: torch.device | str = "cpu", training: bool = False) -> str:
+    """Validate a backend choice up front, from the scheme's declared capabilities (nothing is
+    built); raise a UsageError that says why it cannot work."""
+    if backend not in BACKENDS:
+        raise unknown("attention backend", backend, list(BACKENDS))
+    device = torch.device(device)
+    if backend == "flex" and training and device.type == "cpu":
+        raise UsageError("the flex backend cannot train on CPU (torch's FlexAttention has no CPU backward); "
+                         "use --attention auto or chunked")
+    if backend == "flex" and position is not None and position.adds_bias and not position.has_score_mod:
+        raise UsageError(f'"{position.name}" has no FlexAttention score_mod (its position term is a '
+                         f'per-query dot product); use --attention chunked or auto')
+    if backend in ("split", "toeplitz"):
+        if training:
+            raise UsageError(f"the {backend} backend is for inference only; train with --attention auto or chunked")
+        if device.type != "cpu":
+            raise UsageError(f"the {backend} backend runs on CPU; on CUDA use --attention flex or auto")
+    if backend == "split" and position is not None and position.adds_bias and not (position.has_horizon or position.separable):
+        raise UsageError(f'the split backend needs a bias that is constant beyond some distance or separable '
+                         f'(a per-row plus a per-key term); "{position.name}" is neither: use --attention '
+                         f'toeplitz, chunked or auto')
+    if backend == "toeplitz" and position is not None and position.adds_bias and not position.distance_only:
+        raise UsageError(f'the toeplitz backend needs a bias that depends on i - j alone; "{position.name}" '
+                         f'does not: use --attention chunked or auto')
+    return backend
+
+
+@contextlib.contextmanager
+def flush_denormals() -> Iterator[None]:
+    """Flush subnormal floats to zero on the CPU inside the block, and restore torch's default (off)
+    after: `torch.set_flush_denormal` is process-wide and has no getter, so only commands that
+    measure or evaluate at length enter it (extrapolate, profile). ALiBi-like biases leave about 1.5%
+    of the softmax probabilities subnormal; flushing them changes no perplexity digit and made those
+    paths 1.4-2.2x faster on the AVX-512 host."""
+    torch.set_flush_denormal(True)
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(False)
+
+
+_RECORDERS: list[Counter] = []
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[Counter]:
+    """Count, by path name, the attention calls made inside the block (nested blocks each count)."""
+    taken: Counter = Counter()
+    _RECORDERS.append(taken)
+    try:
+        yield taken
+    finally:
+        _RECORDERS.remove(taken)
+
+
+def path_label(taken: Counter) -> str:
+    """The paths a recording saw, as one CSV cell: "split", or "chunked+split" when calls differed."""
+    return "+".join(sorted(taken))
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None = None, backend: str = "auto") -> Tensor:
+    """Causal attention of q (B, H, Lq, D) over k, v (B, H, Lk, D) with `plan`'s bias (None: no bias).
+
+    q, k and the plan come from `PositionEncoding.prepare`; `backend` is resolved to the path that
+    runs (`resolve`), and the path is counted by any active `recording()`."""
+    path = resolve(backend, plan, q, k.shape[-2], needs_grad(q, k, v, plan))
+    for taken in _RECORDERS:
+        taken[path] += 1
+    return PATHS[path](q, k, v, plan)

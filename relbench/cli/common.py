@@ -1,0 +1,159 @@
+"""What every relbench command shares: the app, the console, option types and the checks of
+variants, devices, backends and memory, and how a command reads its experiment. Commands live in
+cli/__init__.py (train, tune-lr, extrapolate, finetune, report, bench) and cli/tools.py (variants,
+presets, profile, inspect)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Annotated, Any
+
+import torch
+import typer
+from rich.console import Console
+
+from relbench import positions
+from relbench.attention import BACKENDS, check
+from relbench.cli.group import Group
+from relbench.config import PRECISIONS, Experiment, ModelConfig, TrainConfig, experiment
+from relbench.cost import memory
+from relbench.errors import UsageError
+from relbench.positions import forms
+from relbench.runs import distributed
+
+console = Console()
+
+app = typer.Typer(cls=Group, add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                  context_settings={"help_option_names": ["-h", "--help"]},
+                  help="Benchmark position encodings: train short, test long, measure the cost.")
+
+RunDir = Annotated[Path, typer.Option("--run-dir", help="Run directory shared by train, extrapolate and report.")]
+Device = Annotated[str, typer.Option(help="auto (CUDA when available, else CPU), cpu, cuda or cuda:N.")]
+Variants = Annotated[list[str] | None, typer.Option(
+    help='Variant specs, e.g. xl alibi "t5:bidirectional=true" (default: all). See `relbench variants`.')]
+Lengths = Annotated[list[int] | None, typer.Option(help="Evaluation lengths (default: the preset's multiples of the "
+                                                       "training length: 1x, 4x, 16x; retrieval also 64x).")]
+Attention = Annotated[str, typer.Option(help=f"Attention backend: {', '.join(BACKENDS)} (auto: the fastest exact "
+                                                 "path for the device and mode).")]
+Precision = Annotated[str, typer.Option(help=f"Training precision: {', '.join(PRECISIONS)} (bf16: autocast of "
+                                                 "matrix products, fp32 weights; auto: bf16 where the hardware "
+                                                 "has it natively, so results depend on the host). Default: fp32.")]
+TrainAttention = Annotated[str | None, typer.Option("--attention", help=f"Attention backend for training: "
+                                                    f"{', '.join(BACKENDS)} (default: the preset's, auto: the "
+                                                    "fastest exact path for the device).")]
+Preset = Annotated[str | None, typer.Option(help="Named preset, see `relbench presets` (default: the --config "
+                                            "file's, else quick).")]
+ConfigFile = Annotated[Path | None, typer.Option("--config", help="An experiment file (TOML): preset, variants, "
+                                                 "seeds, [data], [model], [train], [eval]; options given on the "
+                                                 "command line override it. A run's own RUN/config.toml "
+                                                 "reproduces it.")]
+Log = Annotated[str, typer.Option(help="Also mirror the loss curves (train.csv) into: none or tensorboard "
+                                       "(RUN/tensorboard; needs pip install 'relbench[tensorboard]').")]
+PositionLR = Annotated[str | None, typer.Option(help="Learning-rate multiplier of the position parameters: a number "
+                                                "for every variant, or the position_lr.json of a `relbench tune-lr` "
+                                                "sweep (per variant). Default: the preset's tuned multipliers; a "
+                                                "variant's own option wins (xl:position_lr_scale=10).")]
+
+TokenizerName = Annotated[str | None, typer.Option("--tokenizer", help="bytes (raw UTF-8, vocabulary 256), bpe:N (a "
+                                                   "byte-level BPE of N tokens trained on the train split, cached; "
+                                                   "e.g. bpe:4096), or a byte-level hub tokenizer such as gpt2. The "
+                                                   "model's vocabulary follows it. Default: the preset's (bytes).")]
+Stream = Annotated[bool | None, typer.Option("--stream/--no-stream", help="Read --dataset (a hub name or a local "
+                                             "data file) in order with datasets' streaming and stop once the train "
+                                             "split holds --max-train-tokens.")]
+MaxTrainTokens = Annotated[int | None, typer.Option(help="Train on the first N tokens of the train split (validation "
+                                                         "and test stay whole; with --stream: read until it holds N).")]
+
+
+def check_variant_backend(backend: str, spec: str, model: ModelConfig, device: torch.device, training: bool) -> None:
+    positions.build_spec(spec, **model.position_shape)   # the spec's options are valid for this shape
+    try:
+        check(backend, positions.scheme(spec), device, training)
+    except UsageError as error:
+        raise UsageError(f"{spec}: {error}") from None
+
+
+def resolve_device(name: str) -> torch.device:
+    """The device `name` means; under torchrun "cuda" is the GPU of this process's local rank."""
+    if name == "auto":
+        return distributed.local_device(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UsageError(f'unknown device "{name}"; use auto, cpu, cuda or cuda:N') from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError("CUDA is not available on this machine; use --device cpu")
+    if device.type not in ("cpu", "cuda"):
+        raise UsageError(f'device "{name}" is not supported; use auto, cpu, cuda or cuda:N')
+    return distributed.local_device(device)
+
+
+def all_variants(variants: list[str] | None) -> list[str]:
+    specs = variants or positions.names()
+    for spec in specs:
+        positions.parse_spec(spec)  # unknown names and options fail here, before any work
+    if len(set(specs)) != len(specs):
+        raise UsageError(f"variant {next(s for s in specs if specs.count(s) > 1)} is given twice")
+    return specs
+
+
+def unique(what: str, values: list) -> list:
+    if len(set(values)) != len(values):
+        raise UsageError(f"{what} {next(v for v in values if values.count(v) > 1)} is given twice; give each once")
+    return list(values)
+
+
+def position_lr_overrides(value: str | None) -> dict[str, Any]:
+    """--position-lr-scale: a number (every variant) or a tune-lr position_lr.json (per variant)."""
+    if value is None:
+        return {}
+    try:
+        scale = float(value)
+    except ValueError:
+        from relbench.training.tune import read_choice
+
+        return {"position_lr_scales": read_choice(Path(value))}
+    if not (scale > 0 and scale < float("inf")):
+        raise UsageError(f"--position-lr-scale must be a positive number or a position_lr.json, got {value}")
+    return {"position_lr_scale": scale}
+
+
+def check_training_memory(specs: list[str], model: ModelConfig, train: TrainConfig, preset: str,
+                           device: torch.device) -> None:
+    """Refuse a batch or length the device cannot hold, naming the hungriest variant, before any work.
+    Under torchrun each process holds its share of the batch, and the processes on one node share its RAM."""
+    rows, share = distributed.per_rank(train.batch_size), distributed.sharing(device)
+    shared = f" in {share} processes sharing its memory" if share > 1 else ""
+    memory.require(memory.model_bytes(model) * share, device, f"a model of d_model {model.d_model} x "
+                   f"{model.n_layers} layers{shared}", "use a smaller preset")
+    need = {spec: memory.training_bytes(dataclasses.replace(model, position=spec, attention=train.attention),
+                                        rows, train.precision) * share for spec in specs}
+    hungriest = max(need, key=need.get)
+    have = memory.budget(device)
+    if have is not None and need[hungriest] > have:
+        fits = memory.largest_batch(dataclasses.replace(model, position=hungriest, attention=train.attention),
+                                    train.precision, have // share, rows)
+        fix = (f"--batch-size {fits * distributed.world()} fits (the largest that does), or use a shorter --train-length"
+               if fits else "not even a batch of one sequence fits: use a shorter --train-length or a smaller preset")
+        memory.require(need[hungriest], device, f"training {hungriest} at {distributed.batch_text(train.batch_size)} x "
+                       f"--train-length {model.train_length} (preset {preset}){shared}", fix)
+
+
+def command_experiment(preset: str | None, config: Path | None, variants: list[str] | None = None,
+                seeds: list[int] | None = None, **sections: dict[str, Any]) -> tuple[Experiment, list[str], list[int]]:
+    """The experiment of a command: preset < --config file < the options given (`sections`: the
+    options of each of data/model/train/eval; None values are not given), with its variants and seeds."""
+    exp = experiment(preset, config, sections)
+    if variants or not exp.variants:
+        specs = all_variants(variants)
+    else:   # a preset's or file's list may name evaluation forms ("rope@yarn"): bench evaluates them
+        specs = unique("variant", exp.variants)
+        for spec in specs:
+            forms.parse_form(spec)
+    return exp, specs, unique("seed", seeds or exp.seeds or [0])
+
+
+def trained_variants(specs: list[str]) -> list[str]:
+    """The variants to train for these specs: each evaluation form's trained variant, once."""
+    return list(dict.fromkeys(forms.trained_spec(spec) for spec in specs))

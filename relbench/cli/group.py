@@ -1,0 +1,86 @@
+"""The command group behind `relbench`: variadic options spread for click, and every error turned
+into one line on stderr with an exit code (2 usage, 1 runtime, 130/143 interrupted)."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import typer
+from rich.console import Console
+from typer.core import TyperGroup
+
+from relbench.errors import RelbenchError, one_line
+from relbench.runs import distributed
+
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+# options that take several values after one flag: `--lengths 256 1024 4096`
+VARIADIC = ("--lengths", "--variants", "--attention", "--seeds", "--mode", "--grid", "--task")
+
+
+def spread_variadic(args: list[str]) -> list[str]:
+    """Rewrite `--lengths 1 2 3` (and `--lengths 1,2,3`) as `--lengths 1 --lengths 2 --lengths 3`,
+    which click understands; a value may look like a negative number."""
+    out: list[str] = []
+    current = None
+    for arg in args:
+        if arg in VARIADIC:
+            current = arg
+            continue
+        if current and (not arg.startswith("-") or re.fullmatch(r"-\d+(\.\d*)?", arg)):
+            for value in filter(None, arg.split(",")):
+                out += [current, value]
+            continue
+        if current and not any(o == current for o in out[-2:-1]):
+            out.append(current)  # the flag with no value: let click report it
+        current = None
+        out.append(arg)
+    if current and not any(o == current for o in out[-2:-1]):
+        out.append(current)
+    return out
+
+
+def is_click_error(error: Exception) -> bool:
+    """A click usage error (click's own, or the copy of click that newer Typer versions carry)."""
+    return callable(getattr(error, "format_message", None)) and isinstance(getattr(error, "exit_code", None), int)
+
+
+def _say(line: str, code: int) -> None:
+    """One line on stderr. Under torchrun a usage error or an interrupt is the same on every rank
+    and rank 0 says it; a runtime error (code 1) may be one rank's own (out of memory on its GPU),
+    so every rank says its own, after its rank."""
+    if distributed.is_main() or code == 1:
+        err_console.print(one_line(distributed.label() + line), markup=False)
+
+
+class Group(TyperGroup):
+    """Errors become one line on stderr and an exit code: 2 for usage, 1 for runtime problems."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        args = spread_variadic(list(sys.argv[1:] if args is None else args))
+        interrupted_message_shown = False
+        try:
+            code = super().main(args=args, prog_name=prog_name, complete_var=complete_var,
+                                standalone_mode=False, **extra)
+        except RelbenchError as error:
+            code = error.exit_code
+            _say(f"{error.prefix}{error}", code)
+            interrupted_message_shown = True
+        except typer.Abort:
+            code = 130
+            _say("interrupted", code)
+        except Exception as error:
+            if not is_click_error(error):
+                raise
+            where = error.ctx.command_path if getattr(error, "ctx", None) else "relbench"
+            message = " ".join(error.format_message().split())
+            code = error.exit_code
+            _say(f"error: {message} (see `{where} --help`)", code)
+        code = code if isinstance(code, int) else 0
+        if code == 130 and not interrupted_message_shown:
+            _say("interrupted: everything finished so far is kept; run the same command again to compute the rest",
+                 code)
+        if standalone_mode:
+            sys.exit(code)
+        return code

@@ -1,0 +1,279 @@
+"""What a configuration needs in memory, checked before any work starts.
+
+Linux lets a process ask for more memory than the machine has and then kills it (the OOM killer),
+with no exception to catch and no message. A typing slip such as `--batch-size 100000` would end
+that way, minutes into a run. So each command that sizes a model or a batch from user input first
+compares what it needs with the memory the device has, and refuses at once, in one line, when it
+does not fit. For training that is the step's peak (training_bytes: the saved tensors measured on
+the real model, backward's gradients of the logits and of one layer on top); tests/test_memory.py
+checks the estimates against real training steps and a real evaluation, measured in a fresh
+process.
+
+    need = training_bytes(model_config, batch_size, "bf16")
+    require(need, device, "training xl at --batch-size 64 x --train-length 4096", "use a smaller --batch-size")
+
+`RELBENCH_MEMORY` (for example `4GB` or `512MB`) caps the budget below what the device has, for a
+machine shared with other jobs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import re
+from pathlib import Path
+
+import torch
+
+from relbench.config import ModelConfig
+from relbench.errors import RelbenchError, UsageError
+
+ENV = "RELBENCH_MEMORY"
+FLOAT = 4       # bytes per parameter and per optimiser moment (fp32)
+UNITS = {"": 1, "b": 1, "kb": 2**10, "mb": 2**20, "gb": 2**30, "tb": 2**40}  # "k" means "kb", and so on
+
+
+def parse_size(text: str) -> int:
+    """'4GB' -> 4 * 2**30; a bare number is bytes. Binary units, case-insensitive."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?b?)\s*", text.lower())
+    if not match or float(match.group(1)) <= 0:
+        raise UsageError(f'{ENV}="{text}" is not a memory size; use for example 4GB or 512MB')
+    return int(float(match.group(1)) * UNITS[match.group(2).rstrip("b") + "b" if match.group(2) else ""])
+
+
+def available(device: torch.device | str = "cpu") -> int | None:
+    """Bytes the device can still give: MemAvailable on CPU, free memory on CUDA; None if unknown."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def budget(device: torch.device | str = "cpu") -> int | None:
+    """The memory a command may plan to use: what the device has, capped by RELBENCH_MEMORY."""
+    have = available(device)
+    cap = os.environ.get(ENV)
+    if cap:
+        cap_bytes = parse_size(cap)
+        return cap_bytes if have is None else min(have, cap_bytes)
+    return have
+
+
+def human(n: float) -> str:
+    if n >= 2**50:
+        return f"{n / 2**40:.3g} TB"
+    for unit, size in (("TB", 2**40), ("GB", 2**30), ("MB", 2**20)):
+        if n >= size:
+            return f"{n / size:,.1f} {unit}"
+    return f"{n / 2**10:,.0f} KB"
+
+
+def parameter_count(model: ModelConfig) -> int:
+    """Exactly the number of parameters `GPT(model)` has, counted without allocating its weights:
+    the tied token embedding and the final norm, `n_layers` blocks, and the position module (one for
+    the model, or one per layer where the variant's class is not `shared_across_layers`), the block
+    and the position module built on the meta device (shapes, no storage)."""
+    from relbench import positions
+    from relbench.model import Block
+
+    name, options = positions.parse_spec(model.position)
+    options.update(model.position_options)
+    shape = {"n_heads": model.n_heads, "head_dim": model.head_dim, "d_model": model.d_model,
+             "train_length": model.train_length}
+    with torch.device("meta"):
+        block = sum(p.numel() for p in Block(model).parameters())
+    with torch.device("meta"):
+        enc = positions.build(name, **shape, **options)
+    copies = 1 if enc.shared_across_layers else model.n_layers
+    d = model.d_model
+    return model.vocab_size * d + model.n_layers * block + 2 * d + copies * enc.n_params()
+
+
+def model_bytes(model: ModelConfig) -> int:
+    """The weights alone, in fp32."""
+    return FLOAT * parameter_count(model)
+
+
+def qkv_bytes(length: int, batch: int, heads: int, head_dim: int) -> int:
+    """q, k, v and the output of one attention call (fp32): needed by every backend."""
+    return FLOAT * 4 * batch * heads * length * head_dim
+
+
+def scores_bytes(backend: str, length: int, batch: int, heads: int, has_bias: bool) -> int:
+    """Rough peak of the (H, L, L)-sized tensors a backend creates in a forward without gradients
+    (fp32): the reference path holds two (B, H, L, L) tensors at a time (each step, from the scores
+    through scaling, bias, mask and softmax, makes a new one from the last) and the (H, L, L) bias
+    when there is one (measured peak RSS: tests/test_memory.py); sdpa a bias mask (and its math
+    fallback the scores); chunked, split, toeplitz and flex stay O(L) per query block, and auto picks among
+    those."""
+    square = FLOAT * heads * length * length
+    if backend == "reference":
+        return (2 * batch + int(has_bias)) * square
+    if backend == "sdpa" and has_bias:
+        return (batch + 3) * square
+    return 0
+
+
+def evaluation_bytes(model: ModelConfig, backend: str, length: int, batch: int, has_bias: bool) -> int:
+    """One evaluation forward of `batch` windows of `length` (no gradients): a layer's activations
+    (residual, norm, q/k/v, attention output, MLP hidden before and after GELU), the logits and
+    their fp32 log-probabilities, and what the attention backend materialises."""
+    tokens = batch * length
+    hidden = int(model.mlp_ratio * model.d_model)
+    return (FLOAT * tokens * (7 * model.d_model + 2 * hidden + 2 * model.vocab_size)
+            + scores_bytes(backend, length, batch, model.n_heads, has_bias))
+
+
+# the peak of a training step over what is resident when backward starts (tests/test_memory.py,
+# measured on the second step of a fresh process, when AdamW's moments exist): backward holds the
+# loss's gradient with respect to the logits and the gradient flowing into them beside the logits
+# themselves (LOGIT_COPIES x B L V fp32), and one layer's gradients of its saved activations at a
+# time (about BACKWARD_SHARE of the layer's share of them)
+LOGIT_COPIES = 2.5
+BACKWARD_SHARE = 0.5
+
+
+def training_bytes(model: ModelConfig, batch_size: int, precision: str = "fp32") -> int:
+    """The peak memory of one training step of `model.position` at `batch_size`: weights,
+    gradients and AdamW's two moments (16 bytes per parameter), every tensor autograd saves for
+    backward, and backward's own (LOGIT_COPIES, BACKWARD_SHARE). The saved tensors are measured,
+    not guessed: the real model runs a forward and the loss at three short lengths (8, 16 and 32;
+    fewer and shorter for a model trained shorter) and two batch sizes under `saved_tensors_hooks`,
+    with the attention path training would take at the full length and the given precision, and
+    the totals fix the five terms of
+        saved(B, L) = B (a L + b P(L)) + c P(L) + e L + k,
+    P(L) the (query, key) pairs that path visits: activations per token (a), attention scores per
+    pair (b), a bias built once for the batch (c: FIRE's MLP runs on every pair), what the batch
+    shares per position (e: without it, two lengths read the chunked path's per-position terms as
+    per-pair ones, and xl at length 1024, batch 2 was estimated at 106 MB for the 73 MB a real step
+    holds) and constants (k). tests/test_memory.py checks the estimate against the measured peak of
+    real steps (vocabularies 256 to 50,257, fp32 and bf16, three attention paths). The probes run
+    once per model and precision (a batch is then a line: see _saved_line)."""
+    weights, per_row, shared = _saved_line(json.dumps(dataclasses.asdict(model), sort_keys=True), precision)
+    return _with_backward(model, batch_size, weights, batch_size * per_row + shared)
+
+
+@functools.lru_cache(maxsize=64)
+def _saved_line(model_json: str, precision: str) -> tuple[float, float, float]:
+    """(weights and optimiser state, saved bytes per sequence, saved bytes shared by the batch) of
+    a model (its ModelConfig as JSON) at its training length: saved(B) is linear in B."""
+    from relbench.attention import chunk_block
+    from relbench.model import GPT
+
+    model = ModelConfig(**json.loads(model_json))
+    backend = training_backend(model, precision)
+    probe = dataclasses.replace(model, attention=backend)
+    gpt = GPT(probe).eval()  # a probe, not training: no layer behaves differently, gradients still flow
+    top = model.train_length
+    longest = min(32, top)
+    lengths = sorted({max(2, longest // 4), max(2, longest // 2), longest}) if top > 2 else [top]
+
+    def pairs(length: int) -> int:
+        if backend != "chunked":
+            return length * length
+        block = chunk_block(length, model.n_heads)
+        return sum((end := min(length, start + block)) * (end - start) for start in range(0, length, block))
+
+    per_sequence, whole = [], []
+    for length in lengths:
+        one, two = (_saved_bytes(gpt, batch, length, precision) for batch in (1, 2))
+        per_sequence.append(two - one)                    # a L + b P(L)
+        whole.append(2 * one - two)                       # c P(L) + e L + k
+    weights = FLOAT * 4 * sum(p.numel() for p in gpt.parameters())
+    if len(lengths) == 1:                                 # too short to separate L from L^2: scale by B alone
+        return weights, per_sequence[0], whole[0]
+
+    def fit(columns: list[list[float]], totals: list[int]) -> list[float]:
+        """The non-negative coefficients of the columns that give the totals (as many as columns)."""
+        solved = torch.linalg.solve(torch.tensor(columns, dtype=torch.float64),
+                                    torch.tensor(totals, dtype=torch.float64))
+        return [max(0.0, float(x)) for x in solved]
+
+    a, b = fit([[n, pairs(n)] for n in lengths[-2:]], per_sequence[-2:])
+    if len(lengths) == 3:
+        c, e, k = fit([[pairs(n), n, 1] for n in lengths], whole)
+    else:                                                 # two lengths: no separate per-position term
+        (c, k), e = fit([[pairs(n), 1] for n in lengths], whole), 0.0
+    length, target = model.train_length, pairs(model.train_length)
+    return weights, a * length + b * target, c * target + e * length + k
+
+
+def _with_backward(model: ModelConfig, batch_size: int, weights: float, saved: float) -> int:
+    """Weights and optimiser state, the saved tensors, and what backward adds at its peak."""
+    logits = FLOAT * batch_size * model.train_length * model.vocab_size
+    layers = max(0.0, saved - 2 * logits)     # the saved tensors of the blocks, not of the loss
+    return int(weights + saved + LOGIT_COPIES * logits + BACKWARD_SHARE * layers / max(1, model.n_layers))
+
+
+def largest_batch(model: ModelConfig, precision: str, have: int, most: int) -> int:
+    """The largest batch (at most `most`) whose training_bytes fit in `have` bytes; 0 when not even
+    one sequence does. The estimate grows linearly with the batch (saved(B, L) is linear in B), so
+    two probes give the line; the answer is checked against the estimate itself."""
+    one, two = training_bytes(model, 1, precision), training_bytes(model, 2, precision)
+    if one > have:
+        return 0
+    per_row = max(1, two - one)
+    batch = max(1, min(most, (have - one) // per_row + 1))
+    while batch > 1 and training_bytes(model, batch, precision) > have:
+        batch -= 1
+    return batch
+
+
+def training_backend(model: ModelConfig, precision: str) -> str:
+    """The attention path training takes at the model's length (what `attention.choose` picks)."""
+    from relbench import positions
+    from relbench.attention import choose
+
+    if model.attention != "auto":
+        return model.attention
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    enc = positions.build_spec(model.position, **model.position_shape)
+    q = torch.zeros(1, model.n_heads, 2, model.head_dim, dtype=dtype)
+    x = torch.zeros(1, 2, model.d_model, dtype=dtype)        # the layer input, for input-dependent schemes
+    return choose(enc.plan(2, 2, q, q, x) if enc.adds_bias else None, q, model.train_length, grad=True)
+
+
+def _saved_bytes(gpt, batch: int, length: int, precision: str) -> int:
+    """Bytes of the distinct storages autograd saves for backward in one forward and loss
+    (parameters excluded: they are counted with their optimiser state)."""
+    import torch.nn.functional as F
+
+    storages: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        if not (tensor.requires_grad and tensor.grad_fn is None):
+            storage = tensor.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    tokens = torch.zeros(batch, length, dtype=torch.long)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), \
+            torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        logits = gpt(tokens)
+        F.cross_entropy(logits.float().flatten(0, 1), tokens.flatten())
+    return sum(storages.values())
+
+
+def require(need: int, device: torch.device | str, what: str, fix: str) -> None:
+    """Refuse (RelbenchError) when `need` bytes do not fit in the budget of `device`."""
+    have = budget(device)
+    if have is not None and need > have:
+        capped = f" ({ENV} caps it)" if os.environ.get(ENV) else ""
+        raise RelbenchError(f"{what} needs at least {human(need)} of memory and {torch.device(device)} has "
+                            f"{human(have)} available{capped}; {fix}")
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether an exception is an allocation failure (CUDA's OutOfMemoryError, CPU's allocator, Python)."""
+    text = str(error).lower()
+    return (isinstance(error, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in text
+            or "can't allocate memory" in text)

@@ -1,0 +1,347 @@
+"""PNG plots of a run, rendered from the same rows as the tables (matplotlib, no display needed).
+
+- perplexity_vs_length.png: perplexity against evaluation length per variant (log x), one panel
+  per evaluation mode, 95% intervals when there are several seeds;
+- loss_by_position.png: mean loss against position inside the window at the longest length, with
+  the training length marked;
+- learned_bias.png: the learned bias against relative distance, per head, for every trained
+  variant with a learned distance bias (xl, t5, ...), with ALiBi's fixed lines for comparison;
+- passkey.png, mqar.png: retrieval accuracy per variant, length by depth of the key (passkey.csv) or
+  by distance from pair to query (mqar.csv), over the seeds that learned the task at 1x;
+- copy_distance.png: loss with / without an earlier copy of the text against its distance (copy.csv);
+- attention_cost.png: attention time against length per backend, from profile.csv.
+
+Panels are laid out in rows of at most four.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import torch
+
+from relbench import positions
+from relbench.errors import RelbenchError
+from relbench.positions import forms
+from relbench.positions.base import RelativeBias
+from relbench.runs import checkpoints, results
+
+PLOTS = "plots"
+
+
+def _save(fig, path: Path) -> Path:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    results.atomic_write_bytes(path, buffer.getvalue())
+    return path
+
+
+MARKERS = "os^vDP*Xhd<>p"
+
+
+def _style(index: int) -> dict[str, Any]:
+    """A distinct colour (tab20) and marker per variant: the default 10-colour cycle repeats at 16 variants."""
+    return {"color": plt.get_cmap("tab20")(index % 20), "marker": MARKERS[index % len(MARKERS)]}
+
+
+def _legend(ax) -> None:
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+
+
+def log_axes(ax, xticks: list[int] | None = None) -> None:
+    """Log axes labelled with plain numbers (lengths in base 2)."""
+    plain = matplotlib.ticker.FormatStrFormatter("%g")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    if xticks is not None:
+        ax.set_xticks([int(x) for x in xticks])
+    ax.xaxis.set_major_formatter(plain)
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(_MinorPlain())
+
+
+class _MinorPlain(matplotlib.ticker.Formatter):
+    """Minor log ticks labelled "%g": all of them while the axis spans at most a decade
+    (perplexities), only 2 and 5 up to two decades, none beyond (attention times over several
+    decades keep just the powers of ten), so the labels never run into each other."""
+
+    def __call__(self, x, pos=None) -> str:
+        low, high = sorted(self.axis.get_view_interval())
+        span = high / low if low > 0 else float("inf")
+        mantissa = round(x / 10 ** np.floor(np.log10(x)), 6) if x > 0 else 0
+        return f"{x:g}" if span <= 10 or (span <= 100 and mantissa in (2, 5)) else ""
+
+
+def _grid(n: int, width: float = 4.2, height: float = 3.6, columns: int = 4, **kwargs):
+    """A figure of n panels in rows of at most `columns` (rows = ceil(n / columns)), each panel
+    `width` x `height` inches; the unused trailing slots hidden. kwargs go to plt.subplots
+    (sharex, sharey). With a shared x, matplotlib labels the ticks of the bottom row only: a panel
+    with a hidden slot below it keeps its own tick labels. Returns the figure and the n axes."""
+    cols = max(1, min(columns, n))
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False, layout="constrained",
+                             **kwargs)
+    flat = list(axes.flat)
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    for ax in flat[max(0, n - cols):n]:  # nothing visible below these
+        ax.xaxis.set_tick_params(which="both", labelbottom=True)
+    return fig, flat[:n]
+
+
+def family_of(variant: str) -> str:
+    """The family a variant's panel is drawn in ("relative bias" for FIRE's position-normalised kind)."""
+    try:
+        family = positions.get(positions.parse_spec(forms.trained_spec(variant))[0]).family
+    except RelbenchError:
+        return "other"
+    return family.split(" (")[0] or "other"
+
+
+def _end_labels(ax, ends: list[tuple[str, float, int]], x: float, gap: float = 0.075) -> None:
+    """Name each line at its right end, with its last value; labels that would overlap are spread
+    apart vertically (at least `gap` of the axis height) and joined to their line's end."""
+    if not ends:
+        return
+    low, high = ax.get_ylim()
+    to_frac = lambda y: (np.log2(y) - np.log2(low)) / (np.log2(high) - np.log2(low))   # log2 y axis
+    placed = []
+    for variant, y, style in sorted(ends, key=lambda e: e[1]):
+        frac = to_frac(y)
+        if placed:
+            frac = max(frac, placed[-1] + gap)
+        placed.append(frac)
+        ax.annotate(f"{variant} {y:.2f}", xy=(x, y), xycoords="data", xytext=(1.02, frac), textcoords="axes fraction",
+                    fontsize=7, va="center", color=_style(style)["color"],
+                    arrowprops={"arrowstyle": "-", "color": _style(style)["color"], "linewidth": 0.5})
+
+
+def perplexity_vs_length(summary: pd.DataFrame, train_length: int, path: Path) -> Path:
+    """Perplexity at each length as a ratio to the variant's own at the training length, on a log
+    axis, one panel per family of schemes (and per protocol), so that the flat lines of one family
+    are not drawn over another's; each panel has its own legend."""
+    protocols = list(summary["protocol"].unique())
+    shown = summary[summary["status"] == "ok"]
+    families = sorted({family_of(v) for v in shown["variant"].unique()})
+    panels = [(p, f) for p in protocols for f in families]
+    fig, axes = _grid(len(panels), width=4.0, height=3.4, columns=len(families), sharey=True)
+    names = sorted(summary["variant"].unique())
+    lengths = sorted(summary["length"].unique())
+    labels = []
+    for ax, (protocol, family) in zip(axes, panels):
+        mine_all = shown[(shown["protocol"] == protocol) & shown["variant"].map(lambda v, f=family: family_of(v) == f)]
+        for variant, mine in mine_all.groupby("variant", sort=False):
+            mine = mine.sort_values("length")
+            ax.errorbar(mine["length"], mine["ratio_mean"], yerr=mine["ratio_ci95"].fillna(0), capsize=3,
+                        label=variant, **_style(names.index(variant)))
+        ax.axvline(train_length, color="grey", linestyle=":")
+        ax.axhline(1.0, color="grey", linewidth=0.6)
+        ax.set_yscale("log", base=2)
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.set_title(f"{family}\n{protocol}", fontsize=9)
+        log_axes(ax, lengths)
+        labels.append((ax, [(variant, float(m.sort_values("length")["ratio_mean"].iloc[-1]), names.index(variant))
+                            for variant, m in mine_all.groupby("variant", sort=False)]))
+    for ax, ends in labels:       # once every panel is drawn: the shared y range is final
+        _end_labels(ax, ends, max(lengths))
+    fig.supxlabel(f"evaluation length (tokens); dotted: the training length {train_length}", fontsize=9)
+    fig.supylabel("perplexity / perplexity at the training length", fontsize=9)
+    return _save(fig, path)
+
+
+def loss_by_position(bins: pd.DataFrame, train_length: int, path: Path) -> Path:
+    mode = "nonoverlap" if "nonoverlap" in set(bins["mode"]) else bins["mode"].iloc[0]
+    here = bins[bins["mode"] == mode]
+    longest = int(here["length"].max())
+    here = here[here["length"] == longest]
+    for column in ("segment", "n_tokens"):  # one protocol: the widest measurement at that length
+        if column in here:
+            here = here[here[column] == here[column].max()]
+    fig, ax = plt.subplots(figsize=(8.5, 4.2))
+    names = sorted(here["variant"].unique())
+    for variant, mine in here.groupby("variant", sort=False):
+        per_bin = mine.groupby(["bin_start", "bin_end"]).apply(lambda g: g["loss_sum"].sum() / g["n_tokens"].sum(),
+                                                               include_groups=False).reset_index(name="loss")
+        centre = (per_bin["bin_start"] + per_bin["bin_end"] - 1) / 2 + 1
+        ax.plot(centre, per_bin["loss"], label=variant, **_style(names.index(variant)))
+    ax.axvline(train_length, color="grey", linestyle=":", label="training length")
+    ax.set(xlabel="position in window (log bins)", ylabel="mean loss (nats)",
+           title=f"Loss by position at length {longest} ({mode})")
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    _legend(ax)
+    return _save(fig, path)
+
+
+def learned_bias(run_dir: Path, config: dict[str, Any], path: Path) -> Path | None:
+    """Bias against distance per head, layer 0 and the last layer, for learned distance biases."""
+    seed = config.get("seeds", [0])[0]
+    panels = []
+    for variant in config.get("variants", []):
+        folder = results.checkpoint_dir(run_dir, variant, seed)
+        meta = checkpoints.read_meta(folder)
+        if not meta or not meta.get("finished"):
+            continue
+        cls = positions.get(positions.parse_spec(variant)[0])
+        if not issubclass(cls, RelativeBias):
+            continue
+        model = checkpoints.load_model(folder)
+        if model.n_params(positions_only=True) == 0:
+            continue
+        layers = sorted({0, len(model.positions) - 1})
+        panels += [(variant, layer, model.positions[layer]) for layer in layers]
+    if not panels:
+        return None
+    train_length = int(config["model"]["train_length"])
+    distance = torch.arange(0, 2 * train_length)
+    fig, axes = _grid(len(panels), sharex=True)  # same distances in every panel; biases differ in scale
+    for ax, (variant, layer, enc) in zip(axes, panels):
+        with torch.no_grad():
+            values = enc.distance_bias(distance).float()                     # (H, D)
+            alibi = -positions.alibi.slopes(enc.n_heads)[:, None] * distance  # (H, D)
+        for h in range(values.shape[0]):
+            line, = ax.plot(distance, values[h] - values[h, 0], label=f"head {h}")
+            ax.plot(distance, alibi[h], color=line.get_color(), linestyle="--", linewidth=0.8, alpha=0.6)
+        shifted = values - values[:, :1]
+        low, high = float(shifted.min()), float(shifted.max())
+        margin = 0.1 * (high - low) + 0.5
+        ax.set(title=f"{variant}, layer {layer}", ylim=(low - margin, high + margin))
+        ax.axvline(train_length, color="grey", linestyle=":")
+    axes[0].legend(fontsize=7, title="dashed: ALiBi", title_fontsize=7)
+    fig.supxlabel(f"distance i - j (dotted: the training length {train_length})", fontsize=9)
+    fig.supylabel("bias - bias at distance 0, per head", fontsize=9)
+    return _save(fig, path)
+
+
+def attention_cost(profile: pd.DataFrame, path: Path) -> Path | None:
+    from relbench.cost.profiling import shape_labels
+
+    ok = profile[profile["status"] == "ok"].copy()
+    if ok.empty:
+        return None
+    ok["total_ms"] = ok["bias_ms"] + ok["attention_ms"]
+    ok["shape"] = shape_labels(ok)
+    several = ok["shape"].nunique() > 1
+    variants = list(ok["variant"].unique())
+    fig, axes = _grid(len(variants), sharex=True, sharey=True)
+    for ax, variant in zip(axes, variants):
+        for (backend, shape), mine in ok[ok["variant"] == variant].groupby(["backend", "shape"], sort=False):
+            mine = mine.sort_values("length")
+            ax.plot(mine["length"], mine["total_ms"], marker="o", label=f"{backend} ({shape})" if several else backend)
+        ax.set(xlabel="length", title=variant)
+        log_axes(ax, sorted(ok["length"].unique()))
+        ax.legend(fontsize=7)
+    for ax in axes:
+        if ax.get_subplotspec().is_first_col():
+            ax.set_ylabel("bias + attention forward (ms)")
+    return _save(fig, path)
+
+
+def retrieval_heatmaps(rows: pd.DataFrame, train_length: int, path: Path, learned: set[tuple[str, int]],
+                       kind: str = "passkey") -> Path | None:
+    """Retrieval accuracy per variant, one panel each: evaluation length (x) by where the answer sits
+    (y: the key's depth for passkey; the distance from pair to query, in power-of-two bins, for MQAR),
+    pooled over the seeds that learned the task at the training length (`learned`: (variant, seed)).
+    A variant with no learned seed gets an empty panel titled "not learned"."""
+    ok = rows[rows["status"] == "ok"]
+    if ok.empty:
+        return None
+    ok = ok.assign(place=ok["depth"] if kind == "passkey" else ok["distance_low"])
+    count = "trials" if kind == "passkey" else "queries"
+    variants = list(dict.fromkeys(ok["variant"]))
+    lengths = sorted(ok["length"].unique())
+    places = sorted(ok["place"].unique())
+    fig, axes = _grid(len(variants), width=3.4, height=2.8 if kind == "passkey" else 3.4)
+    image = None
+    for ax, variant in zip(axes, variants):
+        mine = ok[(ok["variant"] == variant) & ok["seed"].map(lambda s, v=variant: (v, int(s)) in learned)]
+        ax.set_xticks(range(len(lengths)), [f"{n:g}" + ("*" if n == train_length else "") for n in lengths], fontsize=7)
+        labels = [f"{d:.0%}" for d in places] if kind == "passkey" else [f"{int(d):g}" for d in places]
+        ax.set_yticks(range(len(places)), labels, fontsize=6 if len(places) > 8 else 7)
+        seeds = mine["seed"].nunique()
+        total = ok[ok["variant"] == variant]["seed"].nunique()
+        if mine.empty:
+            ax.set_title(f"{variant}: not learned (0/{total})", fontsize=9)
+            ax.set_xlim(-0.5, len(lengths) - 0.5)
+            ax.set_ylim(-0.5, len(places) - 0.5)
+            continue
+        pooled = mine.groupby(["place", "length"])[["correct", count]].sum()
+        grid = (pooled["correct"] / pooled[count]).unstack("length").reindex(index=places, columns=lengths)
+        grid = grid.to_numpy(dtype=float)
+        image = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
+        for (i, j), value in np.ndenumerate(grid):
+            if not np.isnan(value):
+                ax.text(j, i, f"{value:.0%}", ha="center", va="center", fontsize=5 if len(places) > 8 else 6,
+                        color="white" if value < 0.6 else "black")
+        ax.set_title(f"{variant} ({seeds}/{total} seeds learned)" if total > 1 else variant, fontsize=9)
+    axes[0].set(xlabel="length (* training)", ylabel="depth of the key" if kind == "passkey"
+                else "distance pair -> query (bin from)")
+    if image is not None:
+        fig.colorbar(image, ax=axes, shrink=0.6, label=f"{kind} accuracy")
+    return _save(fig, path)
+
+
+def copy_distance(copies: pd.DataFrame, train_length: int, path: Path) -> Path | None:
+    """Loss with / without an earlier copy of the text against the copy's distance, mean over seeds."""
+    ok = copies[copies["status"] == "ok"]
+    if ok.empty:
+        return None
+    fig, ax = plt.subplots(figsize=(8.5, 4.2))
+    names = sorted(ok["variant"].unique())
+    for variant, mine in ok.groupby("variant", sort=False):
+        mean = mine.groupby("distance")[["ratio", "ratio_low", "ratio_high"]].mean().reset_index()
+        ax.errorbar(mean["distance"], mean["ratio"], yerr=[mean["ratio"] - mean["ratio_low"],
+                                                           mean["ratio_high"] - mean["ratio"]],
+                    capsize=2, label=variant, **_style(names.index(variant)))
+    ax.axvline(train_length, color="grey", linestyle=":", label="training length")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax.set(xlabel="distance of the earlier copy (tokens)", ylabel="loss with copy / without",
+           title="Does the model use a copy of the text d tokens back? (1 = not at all)")
+    _legend(ax)
+    return _save(fig, path)
+
+
+def render_all(run_dir: Path, config: dict[str, Any], summary: pd.DataFrame | None) -> dict[str, Path]:
+    from relbench.cost.profiling import PROFILE_CSV
+    from relbench.evaluation.extrapolate import POSITIONS_CSV
+
+    run_dir = Path(run_dir)
+    out: dict[str, Path] = {}
+    folder = run_dir / PLOTS
+    if summary is not None and not summary.empty:
+        train_length = int(config["model"]["train_length"])
+        out["perplexity vs length"] = perplexity_vs_length(summary, train_length, folder / "perplexity_vs_length.png")
+        if (run_dir / POSITIONS_CSV).is_file():
+            out["loss by position"] = loss_by_position(results.read_csv(run_dir / POSITIONS_CSV), train_length,
+                                                       folder / "loss_by_position.png")
+        bias = learned_bias(run_dir, config, folder / "learned_bias.png")
+        if bias is not None:
+            out["learned bias"] = bias
+    from relbench.evaluation.extrapolate import COPY_CSV, MQAR_CSV, PASSKEY_CSV
+    from relbench.evaluation.reach import run_reach
+
+    for name, kind in ((PASSKEY_CSV, "passkey"), (MQAR_CSV, "mqar")):
+        if config and (run_dir / name).is_file():
+            learned = {(v, s) for v, r in run_reach(run_dir, name).items() for s in r.learned_seeds}
+            out[kind] = retrieval_heatmaps(results.read_csv(run_dir / name), int(config["model"]["train_length"]),
+                                           folder / f"{kind}.png", learned, kind)
+    if config and (run_dir / COPY_CSV).is_file():
+        out["copy distance"] = copy_distance(results.read_csv(run_dir / COPY_CSV), int(config["model"]["train_length"]),
+                                             folder / "copy_distance.png")
+    if (run_dir / PROFILE_CSV).is_file():
+        cost = attention_cost(results.read_csv(run_dir / PROFILE_CSV), folder / "attention_cost.png")
+        if cost is not None:
+            out["attention cost"] = cost
+    return {name: path for name, path in out.items() if path is not None}

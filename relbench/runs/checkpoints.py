@@ -1,0 +1,125 @@
+"""Checkpoints: a finished model, and the state to resume an interrupted training.
+
+    checkpoints/<variant>-seed<s>/model.pt    weights of the finished model (a plain state dict)
+    checkpoints/<variant>-seed<s>/meta.json   config, tokenizer, summary, status, sha256 of model.pt
+    checkpoints/<variant>-seed<s>/resume.pt   model + optimiser state, step, loss-curve rows (while training)
+
+Everything is loaded with torch's safe loader (`weights_only=True`: tensors and plain containers,
+no arbitrary pickle). A file that is truncated, corrupt or does not match its recorded checksum
+is reported with its path and never used.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from relbench.errors import RelbenchError
+from relbench.runs.results import atomic_write_bytes, read_json, sha256_bytes, write_json
+
+MODEL_FILE = "model.pt"
+META_FILE = "meta.json"
+RESUME_FILE = "resume.pt"
+
+
+def _tensor_bytes(obj: Any) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def _cpu_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().cpu() for k, v in module.state_dict().items()}
+
+
+def save_checkpoint(folder: Path, model: torch.nn.Module, meta: dict[str, Any]) -> None:
+    """Weights and meta.json, each written atomically; meta last and carrying the weights' sha256,
+    so a checkpoint whose meta says finished always has exactly those weights."""
+    data = _tensor_bytes(_cpu_state(model))
+    atomic_write_bytes(Path(folder) / MODEL_FILE, data)
+    write_json(Path(folder) / META_FILE, {**meta, "sha256": sha256_bytes(data)})
+    (Path(folder) / RESUME_FILE).unlink(missing_ok=True)  # the finished model supersedes it
+
+
+def write_status(folder: Path, meta: dict[str, Any]) -> None:
+    """meta.json for a variant that did not finish (it keeps any resume.pt beside it)."""
+    write_json(Path(folder) / META_FILE, meta)
+
+
+def read_meta(folder: Path) -> dict[str, Any] | None:
+    path = Path(folder) / META_FILE
+    if not path.is_file():
+        return None
+    meta = read_json(path)
+    if not isinstance(meta, dict):
+        raise RelbenchError(f"{path} is not a relbench checkpoint description; delete {folder} and retrain it")
+    return meta
+
+
+def check_tokenizer(folder: Path, tokenizer) -> None:
+    """Refuse a checkpoint trained with another tokenizer than the run's `tokenizer` (its token ids would
+    mean other text). Checkpoints from before the tokenizer was recorded were trained on bytes."""
+    meta = read_meta(folder) or {}
+    name, fingerprint = meta.get("tokenizer", "bytes"), meta.get("tokenizer_fingerprint")
+    if name != tokenizer.name:
+        raise RelbenchError(f"checkpoint {folder} was trained with tokenizer {name}, but its run reads "
+                            f"{tokenizer.name}; evaluate it in a run directory trained with {name}")
+    if fingerprint is not None and fingerprint != tokenizer.fingerprint:
+        raise RelbenchError(f"checkpoint {folder} was trained with {fingerprint}, but {name} is now "
+                            f"{tokenizer.fingerprint} (its cached copy was rebuilt differently); retrain it with `relbench "
+                            f"train --force --variants {meta.get('variant', '?')} --seeds {meta.get('seed', 0)}`")
+
+
+def _safe_load(path: Path, what: str, fix: str, data: bytes | None = None) -> Any:
+    """torch's safe loader on `path`, or on `data` (the bytes already read from it and verified, so
+    what is loaded is exactly what was checked, not a second read of a file that may have changed)."""
+    try:
+        return torch.load(path if data is None else io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as error:  # truncated zip, wrong format, refused unpickling: all mean unusable
+        raise RelbenchError(f"{what} {path} is corrupt or unreadable ({type(error).__name__}); {fix}") from None
+
+
+def load_model(folder: Path, device: torch.device | str = "cpu"):
+    """The GPT saved in `folder`, on `device`, in eval mode, after checking it against meta.json."""
+    from relbench.config import ModelConfig
+    from relbench.model import GPT
+
+    meta = read_meta(folder)
+    if meta is None:
+        raise RelbenchError(f"no checkpoint in {folder}; run `relbench train` for this variant")
+    path = Path(folder) / MODEL_FILE
+    fix = f"retrain it with `relbench train --force --variants {meta.get('variant', '?')} --seeds {meta.get('seed', 0)}`"
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise RelbenchError(f"checkpoint {path} cannot be read ({error.strerror}); {fix}") from None
+    if meta.get("sha256") and sha256_bytes(data) != meta["sha256"]:
+        raise RelbenchError(f"checkpoint {path} is corrupt or truncated (checksum mismatch); {fix}")
+    state = _safe_load(path, "checkpoint", fix, data)
+    try:
+        model = GPT(ModelConfig(**meta["model"]))
+        model.load_state_dict(state)
+    except (RuntimeError, TypeError, KeyError) as error:
+        raise RelbenchError(f"checkpoint {path} does not match its config ({str(error).splitlines()[0]}); {fix}") from None
+    return model.to(device).eval()
+
+
+def save_resume(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """Everything needed to continue training exactly where it stopped: weights, optimiser moments
+    and step counts, the step reached, and the loss-curve rows so far. (Batches and the learning-rate
+    schedule are functions of the step, so no data position or RNG state beyond the step is needed.)"""
+    payload = {"model": _cpu_state(model), "optimizer": optimizer.state_dict(), "state": state}
+    atomic_write_bytes(Path(folder) / RESUME_FILE, _tensor_bytes(payload))
+
+
+def load_resume(folder: Path) -> dict[str, Any] | None:
+    path = Path(folder) / RESUME_FILE
+    if not path.is_file():
+        return None
+    payload = _safe_load(path, "resume checkpoint", "delete it to restart this variant from step 0")
+    if not isinstance(payload, dict) or not {"model", "optimizer", "state"} <= set(payload):
+        raise RelbenchError(f"resume checkpoint {path} is incomplete; delete it to restart this variant from step 0")
+    return payload

@@ -1,0 +1,308 @@
+"""The run directory: layout, locking, checksummed atomic writes.
+
+    RUN/config.json                    how the run was made (config, git commit, versions, date)
+    RUN/config.toml                    the same configuration as an experiment file (`--config` reproduces the run)
+    RUN/checkpoints/<variant>-seed<s>/ model.pt, meta.json, resume.pt (see relbench/runs/checkpoints.py)
+    RUN/train.csv                      loss curve: one row per variant x seed x logged step
+    RUN/extrapolation.csv              one row per variant x seed x length x mode
+    RUN/positions.csv, profile.csv, inspect.csv, report.md, *_pivot.csv, plots/
+    RUN/checksums.json                 sha256 of every CSV relbench wrote
+    RUN/.lock                          held by the relbench process working in RUN
+
+Every file is written to a temporary file in the same folder, flushed to disk, renamed over the
+old one, and the folder is flushed: an interrupted command leaves either the old file or the
+new one. A CSV whose checksum is neither the one relbench last wrote nor the one before (a crash
+between the two renames) was changed or truncated by something else, and is reported as such.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import io
+import json
+import os
+import platform
+import re
+import subprocess
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import filelock
+import pandas as pd
+import torch
+
+from relbench.errors import RelbenchError, UsageError
+from relbench.runs import distributed
+
+DEFAULT_RUN_DIR = Path("runs") / "default"
+CONFIG = "config.json"
+CONFIG_TOML = "config.toml"
+TRAIN_CSV = "train.csv"
+EXTRAPOLATION_CSV = "extrapolation.csv"
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    atomic_write(path, lambda handle: handle.write(data))
+
+
+def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Call write(handle) on a temporary file beside `path`, then rename it over `path` (see the
+    module doc); for what is too large to hold as bytes first, such as np.save of a token array."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make a rename durable (POSIX); a no-op where folders cannot be opened."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def write_json(path: Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise RelbenchError(f"cannot read {path}: {error}; delete it or rerun the command that writes it") from None
+
+
+CHECKSUMS = "checksums.json"
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def write_csv(path: Path, frame: pd.DataFrame) -> None:
+    """Write `frame` atomically and record its checksum (keeping the previous one, see module doc)."""
+    path = Path(path)
+    data = frame.to_csv(index=False).encode("utf-8")
+    sums_path = path.parent / CHECKSUMS
+    sums = _read_checksums(sums_path)
+    old = sums.get(path.name, {}).get("current")
+    sums[path.name] = {"current": sha256_bytes(data), "previous": old}
+    write_json(sums_path, sums)
+    atomic_write_bytes(path, data)
+
+
+def _read_checksums(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        sums = json.loads(path.read_text(encoding="utf-8"))
+        return sums if isinstance(sums, dict) else {}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return {}  # a damaged checksum file only loses the check, never data
+
+
+def read_csv(path: Path, required: set[str] | frozenset[str] = frozenset()) -> pd.DataFrame:
+    """A CSV relbench wrote, verified against its recorded checksum and required columns."""
+    path = Path(path)
+    fix = "delete it (or restore it) and rerun the command that writes it"
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise RelbenchError(f"cannot read {path}: {error.strerror}") from None
+    known = _read_checksums(path.parent / CHECKSUMS).get(path.name)
+    if known and sha256_bytes(data) not in (known.get("current"), known.get("previous")):
+        raise RelbenchError(f"{path} was changed or truncated after relbench wrote it (checksum mismatch); {fix}")
+    try:
+        frame = pd.read_csv(io.BytesIO(data))
+    except (ValueError, pd.errors.ParserError, UnicodeDecodeError) as error:
+        raise RelbenchError(f"{path} is not a readable CSV ({str(error).splitlines()[0]}); {fix}") from None
+    missing = set(required) - set(frame.columns)
+    if missing:
+        raise RelbenchError(f"{path} lacks the columns {', '.join(sorted(missing))}; {fix}")
+    return frame
+
+
+def replace_rows(table: pd.DataFrame, key: dict[str, Any], rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """`table` without its rows that match every value in `key`, plus `rows`."""
+    if not table.empty and all(k in table.columns for k in key):
+        same = pd.Series(True, index=table.index)
+        for k, value in key.items():
+            same &= table[k].astype(str) == str(value)
+        table = table[~same]
+    return pd.concat([table, pd.DataFrame(rows)], ignore_index=True)
+
+
+def upsert(table: pd.DataFrame, row: dict[str, Any], key: list[str]) -> pd.DataFrame:
+    """`table` with `row` appended, replacing any row that has the same values in `key`."""
+    return replace_rows(table, {k: row[k] for k in key}, [row])
+
+
+def slug(text: str) -> str:
+    """A file-name-safe form of a variant spec ("xl:k=64" -> "xl_k-64")."""
+    return re.sub(r"[^A-Za-z0-9.+-]+", "_", text.replace("=", "-")).strip("_")
+
+
+def checkpoint_dir(run_dir: Path, variant: str, seed: int) -> Path:
+    return Path(run_dir) / "checkpoints" / f"{slug(variant)}-seed{seed}"
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--verify", "-q", "HEAD"], capture_output=True, text=True,
+                             timeout=5, cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def environment(device: str) -> dict[str, Any]:
+    """What a result depends on besides its config: code version, library versions, machine."""
+    from relbench import __version__
+
+    return {
+        "relbench": __version__,
+        "git_commit": git_commit(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_threads": torch.get_num_threads(),
+        "processes": distributed.world(),   # > 1: trained under torchrun (the same update, float sums in another order)
+        "device": device,
+        "cuda_device": torch.cuda.get_device_name() if device.startswith("cuda") else None,
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def require_run(run_dir: Path) -> dict[str, Any]:
+    """The run's config.json; a clear error when `run_dir` is missing or not a relbench run."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise RelbenchError(f"run directory {run_dir} does not exist; run `relbench train` first "
+                            f"or pass --run-dir to an existing run")
+    if not (run_dir / CONFIG).is_file():
+        raise RelbenchError(f"{run_dir} is not a relbench run (no {CONFIG}); run `relbench train --run-dir {run_dir}`")
+    return read_json(run_dir / CONFIG)
+
+
+class RunLock:
+    """An exclusive lock on a run directory for the length of a command. A second relbench process
+    on the same directory gets a clear error, naming the pid of the first, instead of interleaving
+    its writes. The lock is `filelock`'s (flock on POSIX, msvcrt on Windows; the OS releases it when
+    a process dies); the holder's pid sits beside it in `.lock.pid` for the message.
+
+    Under torchrun rank 0 takes it for the whole job and every rank learns whether it got it, so
+    all go on or all stop with the same message (no rank waits for a lock its own job holds)."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / ".lock"
+        self.pid_path = Path(run_dir) / ".lock.pid"
+        self.lock: filelock.FileLock | None = None
+
+    def __enter__(self) -> RunLock:
+        distributed.on_main(self._acquire)
+        return self
+
+    def _acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        lock = filelock.FileLock(self.path, thread_local=False)
+        try:
+            lock.acquire(timeout=0)
+        except filelock.Timeout:
+            try:
+                holder = self.pid_path.read_text().strip() or "unknown"
+            except OSError:
+                holder = "unknown"
+            raise RelbenchError(f"another relbench process (pid {holder}) is working in {self.path.parent}; "
+                                f"wait for it to finish, or use another --run-dir") from None
+        self.lock = lock
+        self.pid_path.write_text(str(os.getpid()))
+
+    def __exit__(self, *exc) -> None:
+        if self.lock is not None:
+            self.pid_path.unlink(missing_ok=True)
+            self.lock.release()
+            self.lock = None
+
+
+def run_config(exp, specs: list[str], seeds: list[int], splits) -> dict[str, Any]:
+    """What config.json records of a run made from the experiment `exp` (a relbench.config.Experiment)
+    on `splits`: config.toml holds the same but what loading the data found (see `write_config`)."""
+    from relbench.config import to_dict
+
+    config = {"preset": exp.preset, "model": to_dict(exp.model), "train": to_dict(exp.train),
+              "eval": to_dict(exp.eval), "data": to_dict(exp.data), "dataset_description": splits.description,
+              "tokenizer_fingerprint": splits.tokenizer.fingerprint, "variants": specs, "seeds": seeds}
+    config["model"].pop("position")
+    config["model"].pop("attention")
+    config["train"].pop("seed")
+    return config
+
+
+def write_config(run_dir: Path, config: dict[str, Any], description: str) -> None:
+    """RUN/config.json and RUN/config.toml, the same configuration: `relbench train --config
+    RUN/config.toml --run-dir NEW` trains the run again (the environment is only in the JSON)."""
+    from relbench import __version__
+    from relbench.config import to_toml
+
+    write_json(Path(run_dir) / CONFIG, config)
+    tables = {"preset": config["preset"], **({"description": description} if description else {}),
+              **{k: config[k] for k in ("variants", "seeds", "data", "model", "train", "eval")}}
+    header = (f"# The resolved configuration of this run, written by relbench {__version__}. Reproduce it with\n"
+              f"#   relbench train --config {Path(run_dir) / CONFIG_TOML} --run-dir NEW_RUN_DIR\n")
+    if config.get("finetune"):   # not part of the training run: the commands that made its fine-tuned checkpoints
+        header += "# and its fine-tuned checkpoints (relbench/training/finetune.py) with\n" + "".join(
+            f"#   {entry['command']}\n" for entry in config["finetune"].values())
+    atomic_write_text(Path(run_dir) / CONFIG_TOML, to_toml(tables, header))
+
+
+def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """The parts of a run's configuration that differ (a run directory holds one configuration)."""
+    from relbench.config import run_data, to_dict
+
+    old_data = to_dict(run_data(old))   # a config.json from before [data]: its defaults
+    return ([key for key in ("model", "train") if old.get(key) != new[key]]
+            + [key for key, value in new["data"].items() if old_data.get(key) != value])
+
+
+def record_run(run_dir: Path, config: dict[str, Any], specs: list[str], seeds: list[int], device: torch.device,
+               description: str) -> dict[str, Any]:
+    """config.json and config.toml with this command's variants and seeds added, after checking that
+    the run directory holds no run of another configuration; returns what it wrote."""
+    path = Path(run_dir) / CONFIG
+    if path.is_file():
+        old = read_json(path)
+        differs = differences(old, config)
+        if differs:
+            raise UsageError(f"{run_dir} holds a run with a different {' and '.join(differs)} configuration "
+                             f"(preset {old.get('preset')}); use another --run-dir, or delete {run_dir} to start over")
+        known = old.get("variants", [])
+        config["variants"] = known + [s for s in specs if s not in known]
+        config["seeds"] = sorted(set(old.get("seeds", [])) | set(seeds))
+        if old.get("finetune"):
+            config["finetune"] = old["finetune"]
+    config["environment"] = environment(str(device))
+    write_config(run_dir, config, description)
+    return config

@@ -1,0 +1,411 @@
+"""Training: one small causal LM per variant, same seed, same data order, same batches.
+
+Batches are drawn from a generator seeded by (seed, step), independent of the model, so every
+variant sees exactly the same sequences in the same order (relbench/training/batches.py: text windows, or
+passkey trials for the retrieval preset). Validation uses fixed sequences from the validation split.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+from relbench import positions
+from relbench.config import ModelConfig, TrainConfig, to_dict
+from relbench.cost.inspection import attention_logit_max
+from relbench.cost.memory import is_out_of_memory
+from relbench.data import Splits
+from relbench.errors import RelbenchError
+from relbench.model import GPT
+from relbench.positions import forms
+from relbench.runs import checkpoints, distributed, results, tracking
+from relbench.training.batches import retrieval_accuracy, training_batch, validation_batches
+from relbench.training.stopping import Diverged, Interrupted, StopRequest, learned_at
+
+
+def lr_at(step: int, config: TrainConfig) -> float:
+    """Linear warm-up to the peak, then cosine decay to peak * min_lr_ratio at the last step."""
+    if step < config.warmup_steps:
+        return config.lr * (step + 1) / config.warmup_steps
+    span = max(1, config.steps - config.warmup_steps - 1)
+    progress = min(1.0, (step - config.warmup_steps) / span)
+    floor = config.lr * config.min_lr_ratio
+    return floor + 0.5 * (config.lr - floor) * (1 + math.cos(math.pi * progress))
+
+
+def position_lr(spec: str, config: TrainConfig) -> tuple[float, str]:
+    """The learning-rate multiplier of `spec`'s position parameters and where it comes from: the
+    spec's own option ("xl:position_lr_scale=10"), else the run-wide --position-lr-scale, else the
+    variant's entry in `position_lr_scales` (a sweep's choice, `relbench tune-lr`), else 1."""
+    own = positions.training_options(spec).get("position_lr_scale")
+    if own is not None:
+        return float(own), "variant option"
+    if config.position_lr_scale is not None:
+        return float(config.position_lr_scale), "run option"
+    name, _ = positions.parse_spec(spec)
+    for key in (spec, name):
+        if key in config.position_lr_scales:
+            return float(config.position_lr_scales[key]), "tuned"
+    return 1.0, "default"
+
+
+def make_optimizer(model: GPT, config: TrainConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on weight matrices only. Position parameters are not decayed and
+    learn `config.position_lr_scale` times faster (1 when unset; see `position_lr`)."""
+    position = list(model.positions.parameters())
+    position_ids = {id(p) for p in position}
+    decay = [p for p in model.parameters() if p.dim() >= 2 and id(p) not in position_ids]
+    rest = [p for p in model.parameters() if p.dim() < 2 and id(p) not in position_ids]
+    groups = [{"params": decay, "weight_decay": config.weight_decay, "lr_scale": 1.0},
+              {"params": rest, "weight_decay": 0.0, "lr_scale": 1.0},
+              {"params": position, "weight_decay": 0.0, "lr_scale": config.position_lr_scale or 1.0}]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=config.lr, betas=(0.9, 0.95), eps=1e-8)
+
+
+def optimizer_step(model: GPT, optimizer: torch.optim.Optimizer) -> None:
+    """One optimiser step, then the position schemes' constraints (projected gradient descent)."""
+    optimizer.step()
+    model.project_parameters()
+
+
+def weighted_loss(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor | None,
+                  reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy of logits (B, L, V) against targets (B, L): the mean, or with (B, L) weights the
+    weighted mean (reduction "sum": the weighted sum)."""
+    nll = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none")
+    if weights is not None:
+        nll = nll * weights.flatten().to(nll.device)
+    total = nll.sum()
+    if reduction == "sum":
+        return total
+    return _divide(total, loss_denominator(targets, weights))
+
+
+def loss_denominator(targets: torch.Tensor, weights: torch.Tensor | None) -> int | torch.Tensor:
+    """What the sum of a batch's (weighted) losses is divided by for its mean: the number of
+    predictions (an int), or the sum of their weights (a tensor)."""
+    return targets.numel() if weights is None else weights.sum()
+
+
+def _divide(total: torch.Tensor, denominator: int | torch.Tensor) -> torch.Tensor:
+    # an int divides as a scalar, as the loss always has (CUDA divides by a scalar through its reciprocal)
+    return total / (denominator.to(total.device) if isinstance(denominator, torch.Tensor) else denominator)
+
+
+def rank_loss(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor | None,
+              denominator: int | torch.Tensor) -> torch.Tensor:
+    """This process's part of the global batch's mean loss: the (weighted) sum over its rows divided
+    by the WHOLE batch's `denominator`, so that the parts add up to the global mean even when the
+    ranks' rows carry different weight sums (a mean per rank, averaged, would not). In one process
+    it is the batch's mean, computed exactly as `weighted_loss` computes it."""
+    return _divide(weighted_loss(logits, targets, weights, reduction="sum"), denominator)
+
+
+@torch.no_grad()
+def validation_loss(model: GPT, batches: list[tuple[torch.Tensor, torch.Tensor | None]], device: torch.device) -> float:
+    """The (weighted) mean loss over fixed validation batches. Under torchrun each rank scores its
+    share of every batch and the sums are added up (in float64), so every rank gets the same value."""
+    model.eval()
+    total, count = 0.0, 0.0
+    for window, weights in batches:
+        window, weights = distributed.share(window).to(device), distributed.share(weights)
+        total += float(weighted_loss(model(window[:, :-1]), window[:, 1:], weights, reduction="sum"))
+        count += float(loss_denominator(window[:, 1:], weights))
+    model.train()
+    total, count = distributed.sum_all(torch.tensor([total, count], dtype=torch.float64, device=device)).tolist()
+    return total / count
+
+
+def forward_backward(model: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+                     weights: torch.Tensor | None, device: torch.device, config: TrainConfig,
+                     step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward, backward and gradient clipping of this rank's share of step `step`'s global batch
+    (x, y, weights: the whole batch, on every rank); returns the batch's mean loss, the same on
+    every rank, which is why all raise Diverged together when it is not finite (before backward),
+    and the gradient norm before clipping."""
+    inputs, targets = distributed.share(x).to(device), distributed.share(y).to(device)   # (B / world, L)
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.precision == "bf16"):
+        logits = model(inputs)                                                 # (B / world, L, V)
+    part = rank_loss(logits, targets, distributed.share(weights), loss_denominator(y, weights))
+    loss = distributed.sum_all(part)
+    if not torch.isfinite(loss):
+        raise Diverged(step, loss.item())
+    optimizer.zero_grad(set_to_none=True)
+    # DDP averages the ranks' gradients; world x each part makes that average the batch mean's gradient
+    (part * distributed.world()).backward()
+    return loss, torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+
+
+@dataclasses.dataclass(frozen=True)
+class Continuation:
+    """Training that starts from a finished model instead of the seed's initialisation (`relbench
+    finetune`, relbench/training/finetune.py): its weights, the length of every batch (the model's own
+    train_length, which shapes its scheme, stays as trained) and where the batches continue the data
+    order: step s trains on the batch of the training rule's step `data_offset + s` at `length`.
+    `identity` joins the resume check, so a resume.pt saved for other settings is refused."""
+    weights: dict[str, torch.Tensor]
+    length: int
+    data_offset: int
+    identity: dict[str, Any]
+    command: str = "relbench finetune"
+    form: str = ""      # a spec whose evaluation form the model trains under ("rope@pi:factor=4+ft1024")
+
+
+def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, splits: Splits, device: torch.device,
+                  progress: Progress | None = None, folder: Path | None = None,
+                  stop: StopRequest | None = None,
+                  on_pace: Callable[[float], None] | None = None,
+                  on_row: Callable[[dict[str, Any]], None] | None = None,
+                  start: Continuation | None = None) -> tuple[GPT, list[dict[str, Any]], dict[str, Any]]:
+    """Train variant `spec`; returns the model, the loss-curve rows and a summary.
+
+    With a checkpoint `folder`, a resumable state is saved there every `checkpoint_every` steps and
+    when `stop` is requested, and training resumes from it when present. The batch and learning rate
+    of a step depend on the step alone, so a resumed run ends with exactly the weights of an
+    uninterrupted one. `on_pace(seconds_per_step)` is called once, after the first PACE_STEPS steps
+    that follow a warm-up step; `on_row(row)` with every loss-curve row as it is logged.
+
+    Under torchrun every rank draws the whole batch of a step and computes its share of the rows
+    (DistributedDataParallel averages the gradients), so N processes make the update one process
+    makes, up to the order of float sums. The loss they log and test for divergence, the validation
+    loss and the decision to stop are the same on every rank; rank 0 saves.
+
+    With `start` (a Continuation) the model starts from its weights, with a fresh optimiser, and
+    trains and validates at its length; steps, rows and the schedule count from 0 as in training."""
+    model_config = dataclasses.replace(model_config, position=spec, attention=config.attention)
+    scale, scale_source = position_lr(spec, config)
+    config = dataclasses.replace(config, position_lr_scale=scale)
+    model = GPT(model_config, seed=config.seed).to(device)
+    if start is not None:
+        model.load_state_dict(start.weights)
+        if start.form:
+            forms.apply(model, start.form)
+    model.train()
+    optimizer = make_optimizer(model, config)
+    identity = {"model": to_dict(model_config), "train": to_dict(config),
+                **({"start": start.identity} if start is not None else {})}
+    state: dict[str, Any] = {"step": 0, "rows": [], "running": 0.0, "running_n": 0, "val": float("nan"),
+                             "elapsed": 0.0, "max_logit": 0.0, "identity": identity}
+    resume = distributed.on_main(checkpoints.load_resume, folder) if folder is not None else None
+    if resume is not None:
+        if resume["state"].get("identity") != identity:
+            raise RelbenchError(f"{folder}/{checkpoints.RESUME_FILE} was saved with another configuration; "
+                                f"delete it to train {spec} from step 0")
+        model.load_state_dict(resume["model"])
+        optimizer.load_state_dict(resume["optimizer"])
+        state = resume["state"]
+    trained = distributed.wrap(model, device)        # the model itself in one process
+    train_tokens = torch.from_numpy(splits.train)
+    length, data_offset = (start.length, start.data_offset) if start is not None else (model_config.train_length, 0)
+    val_batches = validation_batches(torch.from_numpy(splits.validation), config, length, splits.tokenizer)
+    tokens_per_step = config.batch_size * length
+    log_every = max(1, config.steps // 50)
+    task = progress.add_task(spec, total=config.steps, completed=state["step"], loss="-", val="-", speed="-") \
+        if progress else None
+    started, first_step = time.perf_counter(), state["step"]
+    pace_from = first_step
+    position_grads: dict[str, float] = {}
+    grad_norm = torch.tensor(float("nan"))
+    retrieval = config.task != "lm"
+    state.setdefault("checks", [])           # (step, validation accuracy at the training length) of a retrieval task
+    for step in range(state["step"], config.steps):
+        lr = lr_at(step, config)
+        for group in optimizer.param_groups:
+            group["lr"] = lr * group["lr_scale"]
+        x, y, weights = training_batch(train_tokens, data_offset + step, config, length, splits.tokenizer)
+        loss, grad_norm = forward_backward(trained, optimizer, x, y, weights, device, config, step)
+        optimizer_step(model, optimizer)
+        done = step + 1
+        state["running"] += loss.item()
+        state["running_n"] += 1
+        check = done % config.eval_every == 0 or done == config.steps
+        accuracy = float("nan")
+        if check:
+            state["val"] = validation_loss(model, val_batches, device)
+            if retrieval:
+                accuracy = retrieval_accuracy(model, config.task, splits.validation, length, splits.tokenizer, device,
+                                              config.criterion_trials, config.mqar_pairs)
+                state["checks"].append((done, accuracy))
+        learned = learned_at(state["checks"], config.criterion_accuracy, config.criterion_checks)
+        # every rank measured the same model on the same trials; the decision is made the same everywhere
+        last = done == config.steps or bool(distributed.max_all(int(learned is not None), device))
+        if last:  # what reaches the position parameters at the end, after clipping (step() keeps .grad)
+            position_grads = {name: p.grad.norm().item()
+                              for name, p in model.positions.named_parameters() if p.grad is not None}
+        if done % log_every == 0 or check or last:
+            max_logit = attention_logit_max(model, x[:1].to(device))   # the batch's first sequence, on every rank
+            state["max_logit"] = max(state["max_logit"], max_logit)
+            elapsed = state["elapsed"] + time.perf_counter() - started
+            state["rows"].append({
+                "variant": spec, "seed": config.seed, "step": done, "tokens": done * tokens_per_step, "lr": lr,
+                "train_loss": state["running"] / state["running_n"],
+                "val_loss": state["val"] if check else float("nan"), "val_accuracy": accuracy,
+                "max_attention_logit": max_logit, "elapsed_s": elapsed,
+                "tokens_per_s": (done - first_step) * tokens_per_step / (time.perf_counter() - started)})
+            if on_row is not None:
+                on_row(state["rows"][-1])
+            state["running"], state["running_n"] = 0.0, 0
+        state["step"] = done
+        if on_pace is not None and done - pace_from == 1:
+            paced = time.perf_counter()                     # the first step (warm-up) is not counted
+        elif on_pace is not None and done - pace_from == 1 + PACE_STEPS:
+            on_pace((time.perf_counter() - paced) / PACE_STEPS)
+            on_pace = None
+        if progress is not None:
+            rate = (done - first_step) * tokens_per_step / (time.perf_counter() - started)
+            progress.update(task, completed=done, loss=f"{loss.item():.3f}",
+                            val=f"{state['val']:.3f}" if math.isfinite(state["val"]) else "-", speed=f"{rate:,.0f}")
+        # a signal to any rank stops every rank after this same step (the largest signal number wins)
+        signum = distributed.max_all(stop.signum or 0, device) if stop is not None else 0
+        if folder is not None and not last and (signum or done % config.checkpoint_every == 0):
+            state["elapsed"] += time.perf_counter() - started
+            started, first_step = time.perf_counter(), done
+            if distributed.is_main():
+                checkpoints.save_resume(folder, model, optimizer, state)
+        if signum and not last:
+            raise Interrupted(f"interrupted: {spec} seed {config.seed} stopped at step {done} of {config.steps} and "
+                              f"saved in {folder}; run the same `{start.command if start else 'relbench train'}` again to resume",
+                              signum)
+        if last:
+            break
+    seconds = state["elapsed"] + time.perf_counter() - started
+    criterion = config.criterion_accuracy > 0
+    learned = learned_at(state["checks"], config.criterion_accuracy, config.criterion_checks)
+    summary = {"variant": spec, "seed": config.seed, "steps": state["step"], "step_cap": config.steps,
+               "val_loss": state["val"],
+               "val_accuracy": state["checks"][-1][1] if state["checks"] else float("nan"),
+               "criterion": config.criterion_accuracy if criterion else None,
+               "learned": (learned is not None) if criterion else None, "learned_step": learned,
+               "position_lr_scale": scale, "position_lr_source": scale_source, "precision": config.precision,
+               "grad_norm": float(grad_norm), "position_grad_norms": position_grads,
+               "max_attention_logit": state["max_logit"], "train_seconds": seconds,
+               "tokens_per_s": state["step"] * tokens_per_step / seconds,
+               "n_params": model.n_params(), "position_params": model.n_params(positions_only=True)}
+    return model, state["rows"], summary
+
+
+def learned_text(summary: dict[str, Any]) -> str:
+    """"; learned at step 700 (95% at 2 checks)" or "; NOT learned within its 3000 steps" for a run
+    trained to criterion; "" otherwise."""
+    if summary.get("learned") is None:
+        return ""
+    if summary["learned"]:
+        return f"; learned at step {summary['learned_step']} (accuracy >= {summary['criterion']:.0%} held)"
+    return (f"; NOT learned within its {summary['step_cap']} steps (last validation accuracy "
+            f"{summary['val_accuracy']:.0%}): reported as not learned, not as a failure to extrapolate")
+
+
+def make_progress(console: Console) -> Progress:
+    return Progress(TextColumn("[bold]{task.description:<12}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                    TextColumn("loss {task.fields[loss]}"), TextColumn("val {task.fields[val]}"),
+                    TextColumn("{task.fields[speed]} tok/s"), TimeRemainingColumn(), console=console)
+
+
+PACE_STEPS = 10   # steps timed (after one warm-up step) for the expected time printed before a run goes on
+
+
+def expected_time_message(seconds_per_step: float, steps_left: int, runs_left: int, spec: str,
+                          capped: bool = False) -> str:
+    """One line: how long the runs still to train should take, from the pace of the first one
+    (`capped`: trained to criterion, so the steps are a cap and the time an upper bound)."""
+    minutes = seconds_per_step * steps_left / 60
+    when = (f"at most {minutes:.0f} min (every run to its cap; criterion stopping ends most earlier)" if capped
+            else f"about {minutes:.0f} min") if minutes >= 1 else "under a minute"
+    return (f"expected: {when} of training for the {runs_left} run(s) to go ({spec} took {seconds_per_step:.2f} s "
+            f"per step over its first {PACE_STEPS}; variants on the chunked path are slower). For a faster first "
+            f"result: --variants alibi rope xl, or --preset tiny")
+
+
+def train_run(run_dir: Path, specs: list[str], seeds: list[int], run_config: dict[str, Any], splits: Splits,
+              device: torch.device, force: bool, console: Console,
+              logger: tracking.TensorBoard | None = None) -> list[dict[str, Any]]:
+    """Train every variant in `specs` once per seed, skipping those with a finished checkpoint (unless
+    `force`), and save each checkpoint and loss curve as soon as it finishes. Seeds run in order,
+    every variant per seed. Ctrl-C or SIGTERM saves a resumable state and stops (see StopRequest); a
+    variant whose loss stops being finite keeps its last good state and the others go on. Under
+    torchrun rank 0 reads the checkpoints and writes every file; the others learn what it read.
+    `logger`: a tracker (relbench.runs.tracking) that mirrors the loss curves."""
+    model_config = ModelConfig(**run_config["model"])
+    base = TrainConfig(**run_config["train"])
+    for spec in specs:  # fail on a bad variant or option before any training starts
+        positions.build_spec(spec, **model_config.position_shape)
+    summaries, failures = [], []
+    todo = distributed.on_main(lambda: sum(1 for seed in seeds for spec in specs if force or not (
+        checkpoints.read_meta(results.checkpoint_dir(run_dir, spec, seed)) or {}).get("finished")))
+    closing = contextlib.closing(logger) if logger is not None else contextlib.nullcontext()
+    with StopRequest() as stop, make_progress(console) as progress, closing:
+        def pace(seconds_per_step: float, spec: str = "") -> None:
+            progress.console.print(expected_time_message(seconds_per_step, todo * base.steps, todo, spec,
+                                                         base.criterion_accuracy > 0), markup=False)
+
+        paced = False
+        for seed in seeds:
+            train_config = dataclasses.replace(base, seed=seed)
+            for spec in specs:
+                label = spec if len(seeds) == 1 else f"{spec} seed {seed}"
+                folder = results.checkpoint_dir(run_dir, spec, seed)
+                meta = distributed.on_main(checkpoints.read_meta, folder)
+                if meta and meta.get("finished") and not force:
+                    progress.console.print(f"{label}: already trained ({folder}); --force trains it again")
+                    summaries.append(meta["summary"])
+                    continue
+                if force and meta is not None and distributed.is_main():
+                    (folder / checkpoints.RESUME_FILE).unlink(missing_ok=True)
+                try:
+                    model, rows, summary = train_variant(
+                        spec, model_config, train_config, splits, device, progress, folder, stop,
+                        None if paced else (lambda s, spec=spec: pace(s, spec)), logger and logger.row)
+                    paced = True
+                except (RuntimeError, MemoryError) as error:
+                    if not is_out_of_memory(error):
+                        raise
+                    raise RelbenchError(
+                        f"out of memory training {label} at {distributed.batch_text(train_config.batch_size)} x --train-length "
+                        f"{model_config.train_length} on {device}; finished variants and the last resumable state of "
+                        f"this one are kept in {run_dir}; use a smaller --batch-size or --train-length") from None
+                except Diverged as error:
+                    message = (f"{label} diverged ({error}); its last good state is kept in {folder}; "
+                               f"try a lower --lr, or --force to start it again")
+                    if distributed.is_main():
+                        checkpoints.write_status(folder, {"variant": spec, "seed": seed, "finished": False,
+                                                          "status": "diverged", "message": message})
+                    progress.console.print(message, markup=False)
+                    failures.append(message)
+                    continue
+                model.config.attention = "auto"  # the backend is a runtime choice, not part of the model
+                meta = {"variant": spec, "seed": seed, "finished": True, "status": "finished", "summary": summary,
+                        "model": to_dict(model.config), "data": run_config["data"],
+                        "tokenizer": splits.tokenizer.name, "tokenizer_fingerprint": splits.tokenizer.fingerprint,
+                        "train": to_dict(dataclasses.replace(train_config, position_lr_scale=summary["position_lr_scale"]))}
+                if distributed.is_main():
+                    append_rows(Path(run_dir) / results.TRAIN_CSV, spec, seed, rows)
+                    checkpoints.save_checkpoint(folder, model, meta)
+                progress.console.print(f"{label}: validation loss {summary['val_loss']:.4f} after {summary['steps']} "
+                                       f"steps, {summary['train_seconds']:.0f} s, {summary['tokens_per_s']:,.0f} tokens/s"
+                                       + learned_text(summary), markup=False)
+                summaries.append(summary)
+    if failures:
+        raise RelbenchError(f"{len(failures)} training run(s) diverged, the others finished: " + " | ".join(failures))
+    return summaries
+
+
+def append_rows(path: Path, spec: str, seed: int, rows: list[dict[str, Any]]) -> None:
+    new = pd.DataFrame(rows)
+    if path.is_file():
+        old = results.read_csv(path)
+        old = old[~((old["variant"] == spec) & (old["seed"] == seed))]
+        new = pd.concat([old, new], ignore_index=True)
+    results.write_csv(path, new)
+
+
