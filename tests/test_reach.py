@@ -120,3 +120,11 @@ def test_a_model_that_did_not_learn_its_task_is_not_evaluated_on_it():
     assert not_learned({**meta, "summary": {"learned": True}}, "passkey") is None
     assert not_learned({**meta, "train": {"task": "passkey", "criterion_accuracy": 0.0}}, "passkey") is None
     assert not_learned({}, "passkey") is None                                 # no meta: evaluate
+
+
+def test_a_scheme_that_cannot_run_longer_says_so_not_that_longer_was_not_evaluated():
+    rows = pd.DataFrame(passkey_rows("learned", 0, {128: 1.0}) + passkey_rows("alibi", 0, {128: 1.0, 512: 0.95})
+                        + [{**r, "status": "unsupported", "correct": 0, "accuracy": 0.0}
+                           for r in passkey_rows("learned", 0, {512: 0.0})])
+    reaches = reach_of(rows, "trials", {}, {("learned", 0): learned(1300), ("alibi", 0): learned(900)})
+    assert reaches["learned"].cell() == "128 (cannot run longer)" and reaches["alibi"].cell() == "512"

@@ -68,6 +68,7 @@ class Reach:
     accuracy: dict[int, float] = field(default_factory=dict)           # length -> mean over learned seeds
     per_seed: dict[int, dict[int, float]] = field(default_factory=dict)  # seed -> length -> accuracy
     reach: int | None = None                             # longest length at >= REACH_ACCURACY; None: none
+    unsupported_beyond: bool = False                     # it cannot run beyond its reach (a learned table of positions)
     longer_untested: bool = False                        # it passed at its longest evaluated length, and the
                                                          # task was evaluated longer for other variants
 
@@ -89,7 +90,9 @@ class Reach:
         if not k:
             return f"not learned ({k}/{n})"
         reach = str(self.reach) if self.reach is not None else f"< {min(self.accuracy)}"
-        if self.longer_untested:
+        if self.unsupported_beyond:
+            reach = f"{reach} (cannot run longer)"
+        elif self.longer_untested:
             reach = f">= {reach} (longer not evaluated)"
         if n == 1:
             return reach
@@ -128,6 +131,9 @@ def reach_of(rows: pd.DataFrame, count: str, train_lengths: dict[tuple[str, int]
             passing = [n for n, a in reach.accuracy.items() if a >= REACH_ACCURACY]
             reach.reach = max(passing) if passing else None
             reach.longer_untested = reach.reach is not None and reach.reach == max(lengths) < longest
+            refused = (rows[(rows["variant"] == variant) & (rows["status"] == "unsupported")]
+                       if "status" in rows else rows.iloc[:0])
+            reach.unsupported_beyond = reach.longer_untested and bool((refused["length"] > reach.reach).any())
         out[variant] = reach
     return out
 
