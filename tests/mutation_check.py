@@ -263,6 +263,8 @@ MUTATIONS = [
      "centre = (p + z * z / (2 * trials)) / denominator", "centre = p", REACH),
     ("reach: a copy ratio whose interval reaches 1.00 counts as use of context", "relbench/reporting/overview.py",
      "if high < 1.0 and s.mean <= 1 - USE_MARGIN:", "if s.mean <= 1 - USE_MARGIN:", REACH),
+    ("copy: the control keeps the original text where the copy goes", "relbench/tasks/copying.py",
+     "control[LEAD: LEAD + SEGMENT] = stream[other: other + SEGMENT]", "pass", ["tests/test_tasks.py"]),
 ]
 
 

@@ -71,18 +71,35 @@ def test_passkey_accuracy_scores_exactly_the_five_digits():
     assert passkey.accuracy(Oracle(answers=wrong), STREAM, trials, 160, TOKENIZER, "cpu") == [True, True, False, True]
 
 
-def test_copy_pair_puts_an_exact_copy_d_tokens_back():
-    stream = torch.arange(5000) % 251
-    plain, copy = copy_task.pair(stream, 300, 200)
+def test_copy_pair_puts_an_exact_copy_d_tokens_back_and_unrelated_text_in_the_control():
+    stream = torch.arange(10_000) % 251
+    control, copy = copy_task.pair(stream, 300, 200)
     n = copy_task.LEAD + 200 + copy_task.SEGMENT
-    assert len(plain) == len(copy) == n and torch.equal(plain, stream[300: 300 + n])
+    original = stream[300: 300 + n]
+    assert len(control) == len(copy) == n
     target = slice(n - copy_task.SEGMENT, n)
-    assert torch.equal(copy[target], plain[target])
-    assert torch.equal(copy[copy_task.LEAD: copy_task.LEAD + copy_task.SEGMENT], plain[target])
+    stretch = slice(copy_task.LEAD, copy_task.LEAD + copy_task.SEGMENT)
+    assert torch.equal(copy[target], original[target]) and torch.equal(control[target], original[target])
+    assert torch.equal(copy[stretch], original[target])
     for i in range(n - copy_task.SEGMENT, n):
         assert copy[i] == copy[i - 200]                                          # each target token, d back
-    differs = (copy != plain).nonzero().flatten()
-    assert differs.min() >= copy_task.LEAD and differs.max() < copy_task.LEAD + copy_task.SEGMENT
+    assert torch.equal(control[stretch], stream[5300: 5300 + copy_task.SEGMENT])   # half the stream away
+    for seq in (control, copy):                                                # only the stretch differs
+        differs = (seq != original).nonzero().flatten()
+        assert differs.min() >= copy_task.LEAD and differs.max() < copy_task.LEAD + copy_task.SEGMENT
+    assert copy_task.unrelated_start(10_000, 9_000) == 4_000                   # before it where the stream ends
+
+
+def test_copy_ratio_reads_one_for_a_model_of_local_context_at_every_distance():
+    """A model that predicts from the last 47 tokens only (periodic text, period 47 < the 64-token
+    stretch) uses no copy: the ratio is exactly 1.00, also at d = 64, where the stretch it reads from
+    is replaced in both sequences. A control that kept the original text would favour it there."""
+    period = torch.randperm(256, generator=torch.Generator().manual_seed(0))[:47]
+    stream = period.repeat(401)                                                # 18,847 tokens; half is not a period multiple
+    for distance in (64, 200):
+        result = copy_task.copy_losses(Oracle(lag=47), stream, distance, 8, "cpu")
+        assert result.ratio == pytest.approx(1.0, abs=1e-9), distance
+    assert copy_task.copy_losses(Oracle(lag=47), stream, 64, 8, "cpu").loss_copy.mean() > 1.0   # not trivially 0 / 0
 
 
 def test_copy_distances_fill_each_length():

@@ -290,7 +290,7 @@ def extrapolate_command(
 
     Writes extrapolation.csv (one row per variant x seed x length x protocol, with a bootstrap
     interval over windows), positions.csv (the loss in log-spaced bins of the position inside the
-    window), copy.csv (loss ratio with / without an earlier copy of the text, per distance) and
+    window), copy.csv (loss ratio with an earlier copy of the text / with unrelated text there, per distance) and
     passkey.csv (accuracy per length and depth).
 
     Example: relbench extrapolate --lengths 256 1024 4096 --task perplexity copy passkey --mode nonoverlap sliding

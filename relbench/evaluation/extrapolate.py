@@ -147,7 +147,7 @@ def perplexity_row(model: GPT, base: dict[str, Any], text: ScoredText, length: i
 def copy_row(model: GPT, base: dict[str, Any], distance: int, length: int, job: Job) -> dict:
     """The copy row at `distance` (inputs of `length` tokens)."""
     row = {**base, "distance": distance, "length": length, "trials": job.trials, "status": "ok",
-           "loss_copy": float("nan"), "loss_plain": float("nan"), "ratio": float("nan"),
+           "loss_copy": float("nan"), "loss_control": float("nan"), "ratio": float("nan"),
            "ratio_low": float("nan"), "ratio_high": float("nan"), "message": ""}
     unfit = _unfit(model, length, max(1, job.max_batch_tokens // length), job.backend, job.device)
     if unfit is None:
@@ -157,7 +157,7 @@ def copy_row(model: GPT, base: dict[str, Any], distance: int, length: int, job: 
         row.update(status=unfit.status, message=unfit.message)
     else:
         low, high = unfit.interval()
-        row.update(loss_copy=float(unfit.loss_copy.mean()), loss_plain=float(unfit.loss_plain.mean()),
+        row.update(loss_copy=float(unfit.loss_copy.mean()), loss_control=float(unfit.loss_control.mean()),
                    ratio=unfit.ratio, ratio_low=low, ratio_high=high)
     return row
 

@@ -34,7 +34,7 @@ def _interval(values: list[float], low: list[float], high: list[float]) -> str:
 
 
 def copy_table(copies: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
-    """Variant x copy distance: loss with the copy / without (1.00: the copy is not used)."""
+    """Variant x copy distance: loss with the copy / with unrelated text in its place (1.00: the copy is not used)."""
     ok = copies[copies["status"] == "ok"]
     distances = sorted(copies["distance"].unique())
     header = ["variant"] + [f"d={int(d)}" for d in distances]

@@ -8,7 +8,7 @@
   variant with a learned distance bias (xl, t5, ...), with ALiBi's fixed lines for comparison;
 - passkey.png, mqar.png: retrieval accuracy per variant, length by depth of the key (passkey.csv) or
   by distance from pair to query (mqar.csv), over the seeds that learned the task at 1x;
-- copy_distance.png: loss with / without an earlier copy of the text against its distance (copy.csv);
+- copy_distance.png: loss with an earlier copy of the text / with unrelated text in its place, against its distance (copy.csv);
 - attention_cost.png: attention time against length per backend, from profile.csv.
 
 Panels are laid out in rows of at most four.
@@ -292,7 +292,7 @@ def retrieval_heatmaps(rows: pd.DataFrame, train_length: int, path: Path, learne
 
 
 def copy_distance(copies: pd.DataFrame, train_length: int, path: Path) -> Path | None:
-    """Loss with / without an earlier copy of the text against the copy's distance, mean over seeds."""
+    """Loss with an earlier copy of the text / with unrelated text in its place, against the copy's distance, mean over seeds."""
     ok = copies[copies["status"] == "ok"]
     if ok.empty:
         return None
@@ -307,7 +307,7 @@ def copy_distance(copies: pd.DataFrame, train_length: int, path: Path) -> Path |
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
-    ax.set(xlabel="distance of the earlier copy (tokens)", ylabel="loss with copy / without",
+    ax.set(xlabel="distance of the earlier copy (tokens)", ylabel="loss with copy / with unrelated text",
            title="Does the model use a copy of the text d tokens back? (1 = not at all)")
     _legend(ax)
     return _save(fig, path)

@@ -262,7 +262,7 @@ def markdown_table(header: list[str], body: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-TASK_TABLES = (("copy.csv", "Copy distance: loss with an earlier copy of the text / without it (1.00: not used)"),
+TASK_TABLES = (("copy.csv", "Copy distance: loss with an earlier copy of the text / with unrelated text there (1.00: not used)"),
                ("passkey.csv", "Passkey accuracy (all depths pooled; mean over the seeds that learned, per seed in "
                                "brackets), and reach: the longest length at 90% or more"),
                ("mqar.csv", "MQAR accuracy (all queries pooled; mean over the seeds that learned, per seed in "
