@@ -63,9 +63,8 @@ PRECISIONS = ("auto", "bf16", "fp32")
 def resolve_precision(precision: str, device) -> str:
     """"auto" -> "bf16" where the device computes bf16 natively (CUDA with bf16; a CPU with
     AVX512-BF16 or AMX), else "fp32". Not the default: the same command must give the same science
-    on every host, and bf16 moved some variants' extrapolation (README, "Precision"). Measured on
-    the quick preset (2-core CPU, AVX512-BF16): bf16 trained 1.3-1.5x faster (xl 80 -> 55 s); on
-    an AVX2-only CPU bf16 is emulated and 12x slower than fp32."""
+    on every host, and bf16 moved some variants' extrapolation; on a CPU without native bf16 it is
+    emulated and far slower than fp32 (docs/performance.md, "Precision")."""
     import torch
 
     if precision != "auto":
@@ -95,7 +94,7 @@ class TrainConfig:
     attention: str = "auto"         # attention backend for training (relbench.attention.BACKENDS)
     precision: str = "fp32"         # "fp32", "bf16" (autocast of matrix products), or "auto": bf16 where
                                     # the hardware has native bf16, else fp32 (see resolve_precision)
-    task: str = "lm"                # what the sequences are: "lm" (text windows) or "passkey" (relbench/training/batches.py)
+    task: str = "lm"                # what the sequences are: "lm" (text windows), "passkey" or "mqar" (training/batches.py)
     answer_weight: float = 1.0      # passkey: loss weight of the answer's digits
     text_weight: float = 1.0        # passkey: loss weight of every other prediction (0: answers only)
     depth_curriculum: int = 0       # passkey: over this many steps the key moves from near the question to anywhere
@@ -121,8 +120,10 @@ class TrainConfig:
             raise UsageError(f"position learning-rate multipliers must be positive numbers, got {scales}")
         if self.precision not in PRECISIONS:
             raise unknown("precision", self.precision, list(PRECISIONS))
-        if self.task not in ("lm", "passkey", "mqar"):
-            raise unknown("training task", self.task, ["lm", "passkey", "mqar"])
+        from relbench.tasks import training_tasks
+
+        if self.task not in training_tasks():
+            raise unknown("training task", self.task, training_tasks())
         if min(self.answer_weight, self.text_weight) < 0 or self.answer_weight + self.text_weight <= 0 \
                 or self.depth_curriculum < 0:
             raise UsageError("answer_weight and text_weight must be >= 0 (not both 0), depth_curriculum >= 0")
@@ -144,11 +145,10 @@ class EvalConfig:
     trials: int = 20                # copy: trials per distance; passkey, mqar: per length and depth
 
     def __post_init__(self) -> None:
-        from relbench.tasks import TASKS
+        from relbench.tasks import get_task
 
         for task in self.tasks:
-            if task not in TASKS:
-                raise unknown("task", task, list(TASKS))
+            get_task(task)
         if min([self.eval_tokens, self.max_batch_tokens, self.trials, *self.length_multiples, *(self.lengths or [])]) < 1:
             raise UsageError("eval_tokens, max_batch_tokens, trials and length multiples must be positive")
 

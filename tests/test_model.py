@@ -101,7 +101,7 @@ def test_memory_check_before_evaluation_builds_no_probe(name):
     """extrapolate's fit check on a model already on its device (meta standing in for CUDA) reads
     the scheme's declared adds_bias; the old probe built CPU queries and crashed for shaw and
     transformer-xl."""
-    from relbench.evaluation import extrapolate
+    from relbench.evaluation import evaluators
 
     model = GPT(ModelConfig(vocab_size=32, d_model=32, n_layers=2, n_heads=4, train_length=16, position=name))
-    assert extrapolate._unfit(model.to("meta"), 64, 1, "reference", torch.device("meta")) is None
+    assert evaluators.unfit(model.to("meta"), 64, 1, "reference", torch.device("meta")) is None

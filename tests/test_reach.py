@@ -110,7 +110,7 @@ def test_seeds_that_did_not_learn_count_without_rows():
 
 
 def test_a_model_that_did_not_learn_its_task_is_not_evaluated_on_it():
-    from relbench.evaluation.extrapolate import not_learned
+    from relbench.evaluation.evaluators import not_learned
 
     meta = {"train": {"task": "passkey", "criterion_accuracy": 0.95},
             "summary": {"learned": False, "val_accuracy": 0.94, "steps": 5000}}

@@ -60,7 +60,7 @@ from relbench.positions.plan import BiasPlan, causal_mask, distance_grid
 BACKENDS = ("auto", "reference", "sdpa", "chunked", "split", "toeplitz", "flex")
 PATH_NAMES = ("reference", "sdpa", "chunked", "split", "split-linear", "toeplitz", "flex")
 CHUNK_ROWS = (64, 512)      # query rows per block on the chunked path: as many as keep its mask
-CHUNK_MASK_BYTES = 16 << 20  # within this (at 4096 keys, 8 heads: 128 rows, 1.3-1.4x faster than 512)
+CHUNK_MASK_BYTES = 16 << 20  # within this (a tile that stays in cache; docs/performance.md, "Measurements behind the defaults")
 
 
 # ---- reference and sdpa ---------------------------------------------------------------------------
@@ -86,8 +86,8 @@ def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None) -> Te
 def chunk_block(k_len: int, heads: int, device_type: str = "cpu") -> int:
     """Query rows per block of the chunked path. On the CPU its (H, rows, keys) fp32 mask stays within
     CHUNK_MASK_BYTES (a tile that stays in cache while it is written and read), within CHUNK_ROWS. On
-    CUDA, where every block is a few kernel launches, the largest: on an H200 128-row blocks at 16384
-    keys made transformer-xl 6x slower than 512-row ones (292 against 47 ms)."""
+    CUDA, where every block is a few kernel launches, the largest (small blocks are launch-bound there:
+    docs/performance.md, "Measurements behind the defaults")."""
     if device_type != "cpu":
         return CHUNK_ROWS[1]
     return min(CHUNK_ROWS[1], max(CHUNK_ROWS[0], CHUNK_MASK_BYTES // (4 * heads * max(1, k_len))))
@@ -171,8 +171,8 @@ def choose(plan: BiasPlan | None, q: Tensor, k_len: int, grad: bool) -> str:
             return "reference"
         return "chunked"
     # CPU inference: a bias constant beyond a horizon short against the length through the horizon
-    # split (its far keys run unbiased; at 4096 xl and t5 1.02-1.09x of unbiased SDPA against the
-    # toeplitz view's 1.15-1.17x, and Shaw's content-dependent bias has no other fast path); any
+    # split (its far keys run unbiased, faster than the toeplitz view there, and Shaw's
+    # content-dependent bias has no other fast path: docs/performance.md); any
     # other distance-only bias as a strided view; a separable one (FoX) through the linear split;
     # the rest chunked (resolve names it)
     if plan.distance_only:
@@ -236,9 +236,9 @@ def check(backend: str, position: PositionEncoding | type[PositionEncoding] | No
 def flush_denormals() -> Iterator[None]:
     """Flush subnormal floats to zero on the CPU inside the block, and restore torch's default (off)
     after: `torch.set_flush_denormal` is process-wide and has no getter, so only commands that
-    measure or evaluate at length enter it (extrapolate, profile). ALiBi-like biases leave about 1.5%
-    of the softmax probabilities subnormal; flushing them changes no perplexity digit and made those
-    paths 1.4-2.2x faster on the AVX-512 host."""
+    measure or evaluate at length enter it (extrapolate, profile). ALiBi-like biases leave some
+    of the softmax probabilities subnormal; flushing them changes no perplexity digit and makes those
+    paths faster (docs/performance.md, "Measurements behind the defaults")."""
     torch.set_flush_denormal(True)
     try:
         yield

@@ -10,8 +10,8 @@ from torch import Tensor
 
 from relbench.positions.plan import BiasPlan, causal_mask, distance_grid
 
-BAND_BLOCK = 32      # query rows per block of the split path's near band (16, 32 and 64 within noise at
-                     # 4096 on the 2-core AVX2 host; 32 the lowest median for xl)
+BAND_BLOCK = 32      # query rows per block of the split path's near band (docs/performance.md,
+                     # "Measurements behind the defaults")
 SPLIT_HORIZON_RATIO = 32   # auto takes the horizon split for a distance-only bias from L >= 32 x horizon (xl's
                            # 128 from 4096): its band costs L x (block + horizon) pairs at a small kernel tile
 LINEAR_BLOCKS = (256, 1024)  # query rows per block for linear biases (ALiBi): L/16 within these bounds,

@@ -189,7 +189,7 @@ def _extrapolate(run_dir: Path, lengths: list[int] | None, variants: list[str] |
     from relbench.data import load_run_splits
     from relbench.evaluation.extrapolate import Job, extrapolate_run
     from relbench.evaluation.perplexity import MODES, longest_length, scored_text, validate_lengths
-    from relbench.tasks import TASKS
+    from relbench.tasks import get_task
 
     config = results.require_run(run_dir)
     check(attention)
@@ -201,8 +201,7 @@ def _extrapolate(run_dir: Path, lengths: list[int] | None, variants: list[str] |
                                 **({"eval_tokens": eval_tokens} if eval_tokens else {})})
     tasks = unique("task", tasks or eval_config.tasks)
     for task in tasks:
-        if task not in TASKS:
-            raise unknown("task", task, list(TASKS))
+        get_task(task)
     trials = eval_config.trials if trials is None else trials
     if trials < 1:
         raise UsageError(f"--trials must be positive, got {trials}")

@@ -32,9 +32,8 @@ PAPER_THRESHOLD_RATIO = 512 / 2048   # the paper's initial L over its training l
 
 
 class FirePlan(BiasPlan):
-    # on an H200 (torch 2.11) the score_mod's forward ran (3.9 ms at 4096, 3.3x faster than the reference
-    # path at 16384) but inductor failed to lower its backward (an unnamed scalar gradient buffer), so
-    # auto trains FIRE on the chunked path on CUDA
+    # inductor failed to lower the score_mod's backward on a GPU (an unnamed scalar gradient buffer;
+    # its forward ran: docs/scaling.md, "On a GPU"), so auto trains FIRE on the chunked path on CUDA
     flex_trains = False
 
     def __init__(self, fire: Fire, q_len: int, k_len: int):
@@ -103,7 +102,7 @@ class FirePlan(BiasPlan):
     def score_mod(self) -> Callable:
         """f as its ramps on [0, 1) (Fire.ramps): const + slope x + sum_k g_k relu(x - t_k) over the kinks that
         can fall inside [0, 1), fewer terms than the MLP's hidden units. FlexAttention cannot
-        differentiate a captured tensor indexed more than once, and on an H200 its backward did not
+        differentiate a captured tensor indexed more than once, and on a GPU its backward did not
         lower with 0-d captured tensors that need a gradient: every coefficient, c and the
         threshold included, is its own (H,) tensor, indexed once by the head."""
         fire, offset, heads = self.fire, self.k_len - self.q_len, self.n_heads

@@ -315,7 +315,7 @@ def copy_distance(copies: pd.DataFrame, train_length: int, path: Path) -> Path |
 
 def render_all(run_dir: Path, config: dict[str, Any], summary: pd.DataFrame | None) -> dict[str, Path]:
     from relbench.cost.profiling import PROFILE_CSV
-    from relbench.evaluation.extrapolate import POSITIONS_CSV
+    from relbench.evaluation.evaluators import POSITIONS_CSV
 
     run_dir = Path(run_dir)
     out: dict[str, Path] = {}
@@ -329,16 +329,17 @@ def render_all(run_dir: Path, config: dict[str, Any], summary: pd.DataFrame | No
         bias = learned_bias(run_dir, config, folder / "learned_bias.png")
         if bias is not None:
             out["learned bias"] = bias
-    from relbench.evaluation.extrapolate import COPY_CSV, MQAR_CSV, PASSKEY_CSV
     from relbench.evaluation.reach import run_reach
+    from relbench.tasks import TASKS
 
-    for name, kind in ((PASSKEY_CSV, "passkey"), (MQAR_CSV, "mqar")):
+    for name, kind in ((TASKS["passkey"].csv, "passkey"), (TASKS["mqar"].csv, "mqar")):
         if config and (run_dir / name).is_file():
             learned = {(v, s) for v, r in run_reach(run_dir, name).items() for s in r.learned_seeds}
             out[kind] = retrieval_heatmaps(results.read_csv(run_dir / name), int(config["model"]["train_length"]),
                                            folder / f"{kind}.png", learned, kind)
-    if config and (run_dir / COPY_CSV).is_file():
-        out["copy distance"] = copy_distance(results.read_csv(run_dir / COPY_CSV), int(config["model"]["train_length"]),
+    copy_csv = TASKS["copy"].csv
+    if config and (run_dir / copy_csv).is_file():
+        out["copy distance"] = copy_distance(results.read_csv(run_dir / copy_csv), int(config["model"]["train_length"]),
                                              folder / "copy_distance.png")
     if (run_dir / PROFILE_CSV).is_file():
         cost = attention_cost(results.read_csv(run_dir / PROFILE_CSV), folder / "attention_cost.png")

@@ -22,8 +22,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from relbench.tasks.base import Task, register_task
+
 SEGMENT = 64
 LEAD = SEGMENT + 1        # text before the copy: a copy at the very start would have no context
+TASK = register_task(Task("copy", "copy.csv", ("variant", "seed", "distance", "trials"), None,
+                          "loss with an earlier copy of the text / with unrelated text there, per distance"))
 
 
 @dataclass(frozen=True)

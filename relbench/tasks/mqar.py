@@ -31,6 +31,11 @@ import numpy as np
 import torch
 
 from relbench.errors import UsageError
+from relbench.tasks.base import Task, register_task
+
+# a depth's rows (every distance bin) go together
+TASK = register_task(Task("mqar", "mqar.csv", ("variant", "seed", "length", "depth", "trials", "n_pairs"), "mqar",
+                          "mqar accuracy at a length and depth, per distance bin, with its Wilson interval"))
 
 
 @dataclass(frozen=True)

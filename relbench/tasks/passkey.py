@@ -25,7 +25,10 @@ import numpy as np
 import torch
 
 from relbench.errors import UsageError
+from relbench.tasks.base import Task, register_task
 
+TASK = register_task(Task("passkey", "passkey.csv", ("variant", "seed", "length", "depth", "trials"), "passkey",
+                          "passkey accuracy at a length and depth, with its Wilson interval"))
 STATEMENT = "The pass key is {key}. Remember it. {key} is the pass key. "
 QUESTION = " What is the pass key? The pass key is "
 DIGITS = 5

@@ -27,7 +27,6 @@ from relbench.config import TrainConfig
 from relbench.errors import RelbenchError, unknown
 from relbench.tasks import mqar, passkey
 
-TASKS = ("lm", "passkey", "mqar")
 RETRIEVAL_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)   # of the fixed trials retrieval_accuracy scores
 VALIDATION_SEED = 12345                          # of the fixed validation trials of the retrieval tasks
 
