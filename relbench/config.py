@@ -167,7 +167,7 @@ class DataConfig:
 
 
 SECTIONS = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "eval": EvalConfig}   # the tables
-TOP_KEYS = ("description", "preset", "variants", "seeds", "retrieval", *SECTIONS)
+TOP_KEYS = ("description", "preset", "plugins", "variants", "seeds", "retrieval", *SECTIONS)
 
 @dataclass
 class Experiment:
@@ -182,6 +182,7 @@ class Experiment:
     seeds: list[int] | None = None      # None: [0]
     description: str = ""
     retrieval: str | None = None        # a language-model preset's retrieval track (`relbench bench`): a preset name
+    plugins: list[str] = field(default_factory=list)   # files of position variants (positions/plugins.py), absolute
 
 
 def run_data(run_config: dict[str, Any]) -> DataConfig:
@@ -221,7 +222,10 @@ def read_file(path: str | Path) -> dict[str, Any]:
                          f"(`relbench presets` lists the shipped ones)") from None
     except (OSError, UnicodeDecodeError) as error:
         raise UsageError(f"cannot read config file {path}: {error}") from None
-    return _checked(_parse_toml(text, f"config file {path}"), str(path))
+    table = _checked(_parse_toml(text, f"config file {path}"), str(path))
+    if "plugins" in table:   # relative to the file, so that the file works from any directory
+        table["plugins"] = [str((path.parent / p).expanduser().resolve()) for p in table["plugins"]]
+    return table
 
 
 def read_preset(name: str) -> dict[str, Any]:
@@ -255,7 +259,7 @@ def _checked(table: dict[str, Any], where: str) -> dict[str, Any]:
                 raise UsageError(f"{key} in [{section}] of {where} must be {what}, got {value!r}")
     if "retrieval" in table and not isinstance(table["retrieval"], str):
         raise UsageError(f"retrieval in {where} must be a preset name, got {table['retrieval']!r}")
-    for key, kind in (("variants", str), ("seeds", int)):
+    for key, kind in (("variants", str), ("seeds", int), ("plugins", str)):
         if key in table and not (isinstance(table[key], list) and all(isinstance(v, kind) for v in table[key])):
             raise UsageError(f"{key} in {where} must be a list of {kind.__name__}s, got {table[key]!r}")
     return table
@@ -301,7 +305,7 @@ def experiment(preset: str | None = None, config: str | Path | None = None,
             raise UsageError(f"[{section}] of {config or f'preset {name}'}: {error}") from None
     return Experiment(name, sections["data"], sections["model"], sections["train"], sections["eval"],
                       tables.get("variants"), tables.get("seeds"), tables.get("description", ""),
-                      tables.get("retrieval"))
+                      tables.get("retrieval"), list(tables.get("plugins", [])))
 
 
 def to_dict(obj: Any) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from relbench import positions
+from relbench.contract import layer_input  # noqa: F401  (the tests' random layer input is the contract's)
 
 
 def full_bias(enc: positions.PositionEncoding, q_len: int, k_len: int, q: torch.Tensor | None = None,
@@ -15,8 +16,3 @@ def full_bias(enc: positions.PositionEncoding, q_len: int, k_len: int, q: torch.
     if not enc.adds_bias:
         return None
     return enc.plan(q_len, k_len, q, k, x).full()
-
-
-def layer_input(enc: positions.PositionEncoding, batch: int, k_len: int, seed: int = 0) -> torch.Tensor:
-    """A random layer input (batch, k_len, d_model) for schemes that read it (FoX's forget gates)."""
-    return torch.randn(batch, k_len, enc.d_model, generator=torch.Generator().manual_seed(seed))

@@ -42,6 +42,7 @@ FORMS = ["tests/test_forms.py"]
 FINETUNE = ["tests/test_finetune.py"]
 MQAR = ["tests/test_mqar.py"]
 REACH = ["tests/test_criterion.py", "tests/test_reach.py", "tests/test_bench.py"]
+PLUGINS = ["tests/test_plugins.py", "tests/test_contract.py"]
 MUTATIONS = [
     ("bias sign flipped on the reference path", "relbench/attention/__init__.py",
      "scores = scores + plan.full().to(scores.dtype)", "scores = scores - plan.full().to(scores.dtype)"),
@@ -263,6 +264,17 @@ MUTATIONS = [
      "centre = (p + z * z / (2 * trials)) / denominator", "centre = p", REACH),
     ("reach: a copy ratio whose interval reaches 1.00 counts as use of context", "relbench/reporting/overview.py",
      "if high < 1.0 and s.mean <= 1 - USE_MARGIN:", "if s.mean <= 1 - USE_MARGIN:", REACH),
+    ("check: a scheme that leaks the future passes causality", "relbench/contract.py",
+     "    ok = leak <= CAUSAL_TOLERANCE", "    ok = True", PLUGINS),
+    ("check: absolute positions pass translation invariance", "relbench/contract.py",
+     "    ok = gap <= 1e-4", "    ok = True", PLUGINS),
+    ("check: a declared capability is read from the measurement", "relbench/contract.py",
+     "    declared = bool(getattr(positions.scheme(spec), capability))",
+     "    declared = measure(spec)[0][capability]", PLUGINS),
+    ("plugins: a file changed since training is used without a word", "relbench/positions/plugins.py",
+     'if now != record["sha256"] and not accept_change:', "if False:", PLUGINS),
+    ("plugins: a class that is not a PositionEncoding is registered", "relbench/positions/base.py",
+     "if self.base is not None and not (isinstance(cls, type) and issubclass(cls, self.base)):", "if False:", PLUGINS),
     ("copy: the control keeps the original text where the copy goes", "relbench/tasks/copying.py",
      "control[LEAD: LEAD + SEGMENT] = stream[other: other + SEGMENT]", "pass", ["tests/test_tasks.py"]),
 ]

@@ -1,7 +1,7 @@
 """The relbench command line. Parses and validates, calls the library, prints; no maths here.
 
 The commands that make and read a run are here (train, tune-lr, extrapolate, report, bench); the
-others are in cli_tools.py, the shared options and checks in cli_common.py."""
+others are in cli/tools.py, the shared options and checks in cli/common.py."""
 
 from __future__ import annotations
 
@@ -12,14 +12,17 @@ from typing import Annotated, Any
 import typer
 
 from relbench.attention import check, flush_denormals
+from relbench.cli import scheme as cli_scheme  # noqa: F401  (registers check and new-variant)
 from relbench.cli import tools as cli_tools  # noqa: F401  (registers variants, profile and inspect)
 from relbench.cli.common import (
+    AcceptPluginChange,
     Attention,
     ConfigFile,
     Device,
     Lengths,
     Log,
     MaxTrainTokens,
+    PluginFiles,
     PositionLR,
     Precision,
     Preset,
@@ -38,6 +41,7 @@ from relbench.cli.common import (
     resolve_device,
     trained_variants,
     unique,
+    use_plugins,
 )
 from relbench.cli.group import spread_variadic  # noqa: F401  (part of the module's API)
 from relbench.config import EvalConfig, Experiment, ModelConfig, experiment, read_file, resolve_precision
@@ -112,6 +116,7 @@ def train_command(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print parameters, tokens, the memory estimate and "
                                           "seconds per step measured over a few steps, and the projected wall "
                                           "time; then exit without training or writing anything.")] = False,
+    plugin: PluginFiles = None,
 ) -> None:
     """Train one small causal LM per variant, with the same seed, data order and batches.
 
@@ -119,6 +124,7 @@ def train_command(
              relbench train --config experiment.toml --steps 800      (options override the file)
              relbench train --preset paper --variants alibi --dry-run
     """
+    use_plugins(plugin)
     exp, specs, seeds = command_experiment(
         preset, config, variants, seeds, model={"train_length": train_length},
         data={"dataset": dataset, "tokenizer": tokenizer, "stream": stream, "max_train_tokens": max_train_tokens},
@@ -145,6 +151,7 @@ def tune_lr_command(
     seeds: Annotated[list[int] | None, typer.Option(help="Seeds per multiplier (default: 0).")] = None,
     steps: Annotated[int | None, typer.Option(help="Optimiser steps (overrides the preset).")] = None,
     device: Device = "auto",
+    plugin: PluginFiles = None,
 ) -> None:
     """Choose each variant's learning-rate multiplier for its position parameters: train it at every
     multiplier of the grid and keep the one with the lowest validation loss at the training length.
@@ -155,6 +162,7 @@ def tune_lr_command(
 
     Example: relbench tune-lr --variants xl t5 --grid 1 3 10 30 --run-dir runs/lr-sweep
     """
+    use_plugins(plugin)
     from relbench.training import tune
 
     # every grid spec sets its own multiplier; the preset's table plays no part
@@ -283,6 +291,8 @@ def extrapolate_command(
     not_learned: Annotated[bool, typer.Option("--not-learned", help="Also evaluate passkey or mqar on models trained "
                                               "to criterion on it that did not learn it (skipped by default: "
                                               "their accuracy beyond the training length says nothing).")] = False,
+    plugin: PluginFiles = None,
+    accept_plugin_change: AcceptPluginChange = False,
 ) -> None:
     """Perplexity of every trained variant at growing lengths and the cost of bias and attention;
     with --task, also whether the model uses distant context (copy) and retrieves a key (passkey).
@@ -294,6 +304,7 @@ def extrapolate_command(
 
     Example: relbench extrapolate --lengths 256 1024 4096 --task perplexity copy passkey --mode nonoverlap sliding
     """
+    use_plugins(plugin, accept_plugin_change)
     if eval_tokens is not None and eval_tokens < 1:
         raise UsageError("--eval-tokens must be positive")
     results.require_run(run_dir)
@@ -320,6 +331,8 @@ def finetune_command(
     run_dir: RunDir = results.DEFAULT_RUN_DIR,
     device: Device = "auto",
     force: Annotated[bool, typer.Option(help="Fine-tune again checkpoints already fine-tuned at --length.")] = False,
+    plugin: PluginFiles = None,
+    accept_plugin_change: AcceptPluginChange = False,
 ) -> None:
     """Continue training every trained variant at a longer length; `extrapolate` then evaluates
     VARIANT+ftLENGTH beside VARIANT and `report` shows zero-shot against fine-tuned.
@@ -330,6 +343,7 @@ def finetune_command(
 
     Example: relbench finetune --length 1024 --steps 200 && relbench extrapolate --lengths 256 1024 4096
     """
+    use_plugins(plugin, accept_plugin_change)
     from relbench.training.finetune import finetune_run
 
     results.require_run(run_dir)
@@ -340,11 +354,13 @@ def finetune_command(
 
 
 @app.command("report")
-def report_command(run_dir: RunDir = results.DEFAULT_RUN_DIR) -> None:
+def report_command(run_dir: RunDir = results.DEFAULT_RUN_DIR, plugin: PluginFiles = None,
+                   accept_plugin_change: AcceptPluginChange = False) -> None:
     """Tables of a run: perplexity by length, cost, training; writes report.md and a pivoted CSV.
 
     Example: relbench report --run-dir runs/default
     """
+    use_plugins(plugin, accept_plugin_change)
     if not Path(run_dir).is_dir():
         results.require_run(run_dir)  # says the directory does not exist
     with results.RunLock(run_dir):
@@ -386,6 +402,7 @@ def bench_command(
     log: Log = "none",
     tokenizer: TokenizerName = None,
     max_train_tokens: MaxTrainTokens = None,
+    plugin: PluginFiles = None,
 ) -> None:
     """Train, extrapolate and report in one go (default: both tracks on the embedded corpus).
 
@@ -398,6 +415,7 @@ def bench_command(
              relbench bench --track lm --config examples/three-schemes.toml
              relbench bench --track retrieval --variants alibi rope xl t5
     """
+    use_plugins(plugin)
     from relbench.reporting.overview import RETRIEVAL_TRACK
 
     if track not in TRACKS:

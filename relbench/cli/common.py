@@ -62,6 +62,24 @@ TokenizerName = Annotated[str | None, typer.Option("--tokenizer", help="bytes (r
 Stream = Annotated[bool | None, typer.Option("--stream/--no-stream", help="Read --dataset (a hub name or a local "
                                              "data file) in order with datasets' streaming and stop once the train "
                                              "split holds --max-train-tokens.")]
+PluginFiles = Annotated[list[Path] | None, typer.Option(
+    "--plugin", help="A Python file of your own that registers position variants (a PositionEncoding subclass "
+                     "with @register); repeat for several. Installed packages register through the entry-point "
+                     "group relbench.positions. See `relbench new-variant` and `relbench check`.")]
+AcceptPluginChange = Annotated[bool, typer.Option(
+    "--accept-plugin-change", help="Use a plugin file the run was trained with although it changed since "
+                                   "(its new sha256 is recorded in the run).")]
+
+
+def use_plugins(files: list[Path] | None, accept_change: bool = False) -> None:
+    """Load the command's --plugin files (and every installed plugin) before anything reads a variant
+    name; a run the command reads loads its own recorded plugins (results.require_run)."""
+    from relbench.positions import plugins
+
+    plugins.load_installed()
+    plugins.set_command_options(files, accept_change)
+
+
 MaxTrainTokens = Annotated[int | None, typer.Option(help="Train on the first N tokens of the train split (validation "
                                                          "and test stay whole; with --stream: read until it holds N).")]
 
@@ -145,6 +163,10 @@ def command_experiment(preset: str | None, config: Path | None, variants: list[s
     """The experiment of a command: preset < --config file < the options given (`sections`: the
     options of each of data/model/train/eval; None values are not given), with its variants and seeds."""
     exp = experiment(preset, config, sections)
+    if exp.plugins:   # the experiment file's own plugins (paths relative to it)
+        from relbench.positions import plugins
+
+        plugins.load_files(exp.plugins)
     if variants or not exp.variants:
         specs = all_variants(variants)
     else:   # a preset's or file's list may name evaluation forms ("rope@yarn"): bench evaluates them

@@ -12,7 +12,18 @@ from rich.table import Table
 
 from relbench import config, positions
 from relbench.attention import BACKENDS, check
-from relbench.cli.common import Device, RunDir, Variants, all_variants, app, console, resolve_device
+from relbench.cli.common import (
+    AcceptPluginChange,
+    Device,
+    PluginFiles,
+    RunDir,
+    Variants,
+    all_variants,
+    app,
+    console,
+    resolve_device,
+    use_plugins,
+)
 from relbench.config import ModelConfig
 from relbench.cost import memory
 from relbench.errors import RelbenchError, UsageError
@@ -26,11 +37,13 @@ def variants_command(
     head_dim: Annotated[int, typer.Option(help="Channels per head.")] = 64,
     layers: Annotated[int, typer.Option(help="Layers, for the total parameter count.")] = 4,
     train_length: Annotated[int, typer.Option(help="Training length (learned embeddings' size).")] = 256,
+    plugin: PluginFiles = None,
 ) -> None:
     """List every position variant with its family, formula and parameter count.
 
     Example: relbench variants --heads 8 --head-dim 64 --layers 12
     """
+    use_plugins(plugin)
     if min(heads, head_dim, layers, train_length) < 1:
         raise UsageError("--heads, --head-dim, --layers and --train-length must be positive")
     described = ModelConfig(d_model=heads * head_dim, n_layers=layers, n_heads=heads, position="learned",
@@ -89,6 +102,8 @@ def profile_command(
                                               "configuration then runs in a fresh process (slower).")] = False,
     run_dir: RunDir = results.DEFAULT_RUN_DIR,
     device: Device = "auto",
+    plugin: PluginFiles = None,
+    accept_plugin_change: AcceptPluginChange = False,
 ) -> None:
     """Time and peak memory of bias construction and attention, per variant x backend x length.
 
@@ -100,6 +115,7 @@ def profile_command(
 
     Example: relbench profile --lengths 1024 4096 16384 --variants xl t5 alibi --attention reference split --memory
     """
+    use_plugins(plugin, accept_plugin_change)
     from relbench.cost.profiling import PROFILE_CSV, profile_run
     from relbench.evaluation.perplexity import validate_lengths
 
@@ -131,12 +147,15 @@ def inspect_command(
     seed: Annotated[int | None, typer.Option(help="Seed to inspect (default: the run's first).")] = None,
     lengths: Annotated[list[int] | None, typer.Option(help="Lengths (default: 1x and 16x the training length).")] = None,
     device: Device = "auto",
+    plugin: PluginFiles = None,
+    accept_plugin_change: AcceptPluginChange = False,
 ) -> None:
     """Diagnostics of trained variants: bias size against q.k logits per layer and head, the
     gradient reaching the bias parameters at the end of training, and how far attention reaches.
 
     Example: relbench inspect runs/default --variants xl t5
     """
+    use_plugins(plugin, accept_plugin_change)
     from relbench.cost.inspection import INSPECT_CSV, inspect_run, tables
     from relbench.data import load_run_splits
     from relbench.evaluation.perplexity import validate_lengths

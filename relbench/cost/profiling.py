@@ -257,7 +257,9 @@ def run_isolated(config: dict[str, Any], timeout: float) -> dict[str, Any]:
     import subprocess
     import sys
 
-    env = dict(os.environ)
+    from relbench.positions import plugins
+
+    env = {**os.environ, plugins.ENV: os.pathsep.join(p.path for p in plugins.loaded() if p.path)}
     base = {k: config[k] for k in ("variant", "backend", "length", "batch", "heads", "head_dim", "device")}
     try:
         done = subprocess.run([sys.executable, "-m", "relbench.cost.profiling", json.dumps(config)], capture_output=True,
@@ -347,11 +349,16 @@ def _limit_address_space() -> None:
 
 def _main(argv: list[str]) -> None:
     import json
+    import os
 
     global ISOLATED
     ISOLATED = True
+    from relbench.positions import plugins
+
     config = json.loads(argv[0])
     spec = config.pop("variant")
+    plugins.load_installed()
+    plugins.load_files([p for p in os.environ.get(plugins.ENV, "").split(os.pathsep) if p])   # the parent's
     if config.get("device", "cpu") == "cpu":
         _limit_address_space()
     try:

@@ -28,9 +28,13 @@ class Registry:
     def __init__(self, kind: str):
         self.kind = kind
         self._classes: dict[str, type] = {}
+        self.base: type | None = None      # what every registered class must subclass (set once it exists)
 
     def register(self, name: str):
         def decorate(cls):
+            if self.base is not None and not (isinstance(cls, type) and issubclass(cls, self.base)):
+                raise UsageError(f'@register("{one_line(name)}") decorates {getattr(cls, "__name__", cls)!r}, '
+                                 f"which is not a subclass of {self.base.__name__}")
             if name in self._classes:
                 raise ValueError(f"{self.kind} {name!r} registered twice")
             cls.name = name
@@ -38,6 +42,10 @@ class Registry:
             return cls
 
         return decorate
+
+    def unregister(self, name: str) -> None:
+        """Forget `name` (a plugin whose import failed halfway, a test's own variant)."""
+        self._classes.pop(name, None)
 
     def names(self) -> list[str]:
         return sorted(self._classes)
@@ -170,6 +178,9 @@ class PositionEncoding(nn.Module):
         return f"heads={self.n_heads}"
 
 
+_REGISTRY.base = PositionEncoding
+
+
 class UnsupportedLength(UsageError):
     """The scheme has no representation for a length (learned absolute embeddings past training)."""
 
@@ -223,6 +234,11 @@ def register(name: str):
 def names() -> list[str]:
     """Sorted names of every registered variant."""
     return _REGISTRY.names()
+
+
+def unregister(name: str) -> None:
+    """Forget variant `name` (see Registry.unregister)."""
+    _REGISTRY.unregister(name)
 
 
 def get(name: str) -> type[PositionEncoding]:

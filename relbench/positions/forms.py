@@ -43,6 +43,7 @@ from relbench.positions import base
 from relbench.positions.base import Form, PositionEncoding
 
 _FORMS: base.Registry = base.Registry("evaluation form")
+_FORMS.base = Form
 
 
 def register_form(name: str):
@@ -52,6 +53,10 @@ def register_form(name: str):
 
 def form_names() -> list[str]:
     return _FORMS.names()
+
+
+def unregister_form(name: str) -> None:
+    _FORMS.unregister(name)
 
 
 def get_form(name: str) -> type[Form]:

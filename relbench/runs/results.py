@@ -204,7 +204,15 @@ def require_run(run_dir: Path) -> dict[str, Any]:
                             f"or pass --run-dir to an existing run")
     if not (run_dir / CONFIG).is_file():
         raise RelbenchError(f"{run_dir} is not a relbench run (no {CONFIG}); run `relbench train --run-dir {run_dir}`")
-    return read_json(run_dir / CONFIG)
+    config = read_json(run_dir / CONFIG)
+    if config.get("plugins"):   # the schemes of the user's own files it was trained with: the same files again
+        from relbench.positions import plugins
+
+        now = plugins.load_recorded(config["plugins"], run_dir, *plugins.command_options())
+        if now != config["plugins"]:   # a change accepted (--accept-plugin-change): recorded
+            config["plugins"] = now
+            write_json(run_dir / CONFIG, config)
+    return config
 
 
 class RunLock:
@@ -268,7 +276,9 @@ def write_config(run_dir: Path, config: dict[str, Any], description: str) -> Non
     from relbench.config import to_toml
 
     write_json(Path(run_dir) / CONFIG, config)
+    files = [r["path"] for r in config.get("plugins", []) if r.get("path")]
     tables = {"preset": config["preset"], **({"description": description} if description else {}),
+              **({"plugins": files} if files else {}),
               **{k: config[k] for k in ("variants", "seeds", "data", "model", "train", "eval")}}
     header = (f"# The resolved configuration of this run, written by relbench {__version__}. Reproduce it with\n"
               f"#   relbench train --config {Path(run_dir) / CONFIG_TOML} --run-dir NEW_RUN_DIR\n")
@@ -287,6 +297,27 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
             + [key for key, value in new["data"].items() if old_data.get(key) != value])
 
 
+def merged_plugins(old: list[dict[str, Any]], specs: list[str], run_dir: Path) -> list[dict[str, Any]]:
+    """The plugins a run's variants need: those recorded before, and those this command loaded for its
+    variants. A plugin file recorded before that has changed since is refused: the run's earlier
+    variants were trained with the file as it was."""
+    from relbench.positions import plugins
+
+    out = list(old)
+    for record in plugins.records_for(specs):
+        same = next((r for r in out if r.get("path", r.get("entry_point")) == record.get("path", record.get("entry_point"))),
+                    None)
+        if same is None:
+            out.append(record)
+        elif same.get("sha256") != record.get("sha256") or same.get("distribution") != record.get("distribution"):
+            raise UsageError(f"plugin {record.get('path') or record.get('entry_point')} changed since {run_dir}'s "
+                             f"variants {', '.join(same['variants'])} were trained with it; use another --run-dir, or "
+                             f"restore the file")
+        else:
+            same.update(variants=sorted(set(same["variants"]) | set(record["variants"])))
+    return out
+
+
 def record_run(run_dir: Path, config: dict[str, Any], specs: list[str], seeds: list[int], device: torch.device,
                description: str) -> dict[str, Any]:
     """config.json and config.toml with this command's variants and seeds added, after checking that
@@ -303,6 +334,10 @@ def record_run(run_dir: Path, config: dict[str, Any], specs: list[str], seeds: l
         config["seeds"] = sorted(set(old.get("seeds", [])) | set(seeds))
         if old.get("finetune"):
             config["finetune"] = old["finetune"]
+    plugin_records = merged_plugins(read_json(path).get("plugins", []) if path.is_file() else [], config["variants"],
+                                    run_dir)
+    if plugin_records:
+        config["plugins"] = plugin_records
     config["environment"] = environment(str(device))
     write_config(run_dir, config, description)
     return config

@@ -28,7 +28,7 @@ from relbench.cost.memory import is_out_of_memory
 from relbench.data import Splits
 from relbench.errors import RelbenchError
 from relbench.model import GPT
-from relbench.positions import forms
+from relbench.positions import forms, plugins
 from relbench.runs import checkpoints, distributed, results, tracking
 from relbench.training.batches import retrieval_accuracy, training_batch, validation_batches
 from relbench.training.stopping import Diverged, Interrupted, StopRequest, learned_at
@@ -388,6 +388,9 @@ def train_run(run_dir: Path, specs: list[str], seeds: list[int], run_config: dic
                         "model": to_dict(model.config), "data": run_config["data"],
                         "tokenizer": splits.tokenizer.name, "tokenizer_fingerprint": splits.tokenizer.fingerprint,
                         "train": to_dict(dataclasses.replace(train_config, position_lr_scale=summary["position_lr_scale"]))}
+                own = plugins.records_for([spec])
+                if own:   # a scheme from the user's own file: which file, which bytes
+                    meta["plugin"] = own[0]
                 if distributed.is_main():
                     append_rows(Path(run_dir) / results.TRAIN_CSV, spec, seed, rows)
                     checkpoints.save_checkpoint(folder, model, meta)
