@@ -18,8 +18,8 @@ from pathlib import Path
 import pandas as pd
 
 from relbench import config as C
-from relbench.evaluation.extrapolate import MQAR_CSV, PASSKEY_CSV
 from relbench.runs import results
+from relbench.tasks import TASKS
 from relbench.training.train import position_lr
 
 run = Path(sys.argv[1] if len(sys.argv) > 1 else "results/retrieval")
@@ -43,7 +43,7 @@ for folder in sorted((run / "checkpoints").iterdir()):
     else:
         dropped.append(folder.name)
         shutil.rmtree(folder)
-for name in ("train.csv", PASSKEY_CSV, MQAR_CSV, "attention.csv"):
+for name in ("train.csv", TASKS["passkey"].csv, TASKS["mqar"].csv, "attention.csv"):
     if (run / name).is_file():
         table = results.read_csv(run / name)
         keep = pd.Series([(v, int(s)) in kept for v, s in zip(table["variant"], table["seed"])], index=table.index)

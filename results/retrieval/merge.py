@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from relbench.evaluation.extrapolate import MQAR_KEY, PASSKEY_KEY
 from relbench.runs import results
+from relbench.tasks import TASKS
+
+PASSKEY_KEY, MQAR_KEY = list(TASKS["passkey"].key), list(TASKS["mqar"].key)
 
 source, target = Path(sys.argv[1]), Path(sys.argv[2] if len(sys.argv) > 2 else "results/retrieval")
 mine, theirs = results.require_run(target), results.require_run(source)
