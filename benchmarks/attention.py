@@ -78,9 +78,14 @@ def show(table: pd.DataFrame, console: Console) -> None:
 
 
 def paired_ratios(specs: list[str], lengths: list[int], batch: int, heads: int, head_dim: int, device: str,
-                  pairs: int, console: Console) -> pd.DataFrame:
+                  pairs: int, console: Console, precision: str = "fp32", backward: bool = False) -> pd.DataFrame:
     """Per variant and length: the `auto` path (position terms included) and unbiased causal SDPA
-    timed in alternation; the median, min and max of the per-pair time ratios."""
+    timed in alternation; the median, min and max of the per-pair time ratios. `precision` bf16:
+    q, k, v in bf16 under autocast, the position parameters fp32, as `train --precision bf16` runs
+    them (on CUDA unbiased SDPA is then flash attention). `backward`: forward and backward (the
+    gradients of q, k, v and of the position parameters), the training path `auto` takes."""
+    import contextlib
+
     import torch
     import torch.nn.functional as F
 
@@ -88,11 +93,21 @@ def paired_ratios(specs: list[str], lengths: list[int], batch: int, heads: int, 
     from relbench.attention import attention, flush_denormals, path_label, recording
     from relbench.cost.profiling import interleaved, paired, position_terms
 
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    device_type = torch.device(device).type
+
+    def autocast():
+        return torch.autocast(device_type, dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
+
     rows = []
-    with torch.no_grad(), flush_denormals():
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(flush_denormals())
+        if not backward:
+            stack.enter_context(torch.no_grad())
         for length in lengths:
             generator = torch.Generator().manual_seed(0)
-            q, k, v = (torch.randn((batch, heads, length, head_dim), generator=generator).to(device) for _ in range(3))
+            q, k, v = (torch.randn((batch, heads, length, head_dim), generator=generator).to(device, dtype)
+                       .requires_grad_(backward) for _ in range(3))
             for spec in specs:
                 position = positions.build_spec(spec, n_heads=heads, head_dim=head_dim, train_length=256).to(device)
                 position.reset_parameters(torch.Generator().manual_seed(0))
@@ -103,29 +118,39 @@ def paired_ratios(specs: list[str], lengths: list[int], batch: int, heads: int, 
                      if position.input_dependent else None)              # FoX's gates read the layer input
 
                 def run(_: int, position=position, x=x, q=q, k=k, v=v, length=length) -> None:
-                    q_rot, k_rot, plan = position_terms(position, q, k, length, x)
-                    attention(q_rot, k_rot, v, plan, "auto")
+                    with autocast():
+                        q_rot, k_rot, plan = position_terms(position, q, k, length, x)
+                        out = attention(q_rot, k_rot, v, plan, "auto")
+                    if backward:
+                        out.float().sum().backward()
 
                 def floor(_: int, q=q, k=k, v=v) -> None:
-                    F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                    with autocast():
+                        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                    if backward:
+                        out.float().sum().backward()
 
                 n = pairs if length < 16384 else max(1, pairs // 2)
                 with recording() as taken:
                     times = interleaved({"auto": run, "floor": floor}, n, warmup=1, device=device)
                 ratios = paired(times["auto"], times["floor"])
                 rows.append({"variant": spec, "length": length, "path": path_label(taken), "pairs": n,
-                                 "ratio": statistics.median(ratios), "low": ratios[0], "high": ratios[-1]})
-                console.print(f"{spec:<14} L={length:<6} auto/{'sdpa':<4} {rows[-1]['ratio']:.2f}x "
+                             "precision": precision, "passes": "forward+backward" if backward else "forward",
+                             "auto_ms": 1000 * statistics.median(times["auto"]),
+                             "sdpa_ms": 1000 * statistics.median(times["floor"]),
+                             "ratio": statistics.median(ratios), "low": ratios[0], "high": ratios[-1]})
+                console.print(f"{spec:<14} L={length:<6} {precision} {rows[-1]['passes']:<16} auto/sdpa {rows[-1]['ratio']:.2f}x "
                               f"({ratios[0]:.2f}-{ratios[-1]:.2f}, {n} pairs, {rows[-1]['path']})")
     return pd.DataFrame(rows)
 
 
 def show_paired(table: pd.DataFrame, console: Console) -> None:
     out = Table(title="auto path / unbiased causal SDPA, timed in alternation (median of pairs)", title_justify="left")
-    for column in ("variant", "path", "L", "pairs", "ratio", "range"):
-        out.add_column(column, justify="left" if column in ("variant", "path") else "right")
+    for column in ("variant", "path", "L", "precision", "passes", "auto ms", "sdpa ms", "pairs", "ratio", "range"):
+        out.add_column(column, justify="left" if column in ("variant", "path", "precision", "passes") else "right")
     for r in table.sort_values(["length", "ratio"]).itertuples():
-        out.add_row(r.variant, r.path, str(r.length), str(r.pairs), f"{r.ratio:.2f}x", f"{r.low:.2f}-{r.high:.2f}")
+        out.add_row(r.variant, r.path, str(r.length), r.precision, r.passes, f"{r.auto_ms:.2f}",
+                    f"{r.sdpa_ms:.2f}", str(r.pairs), f"{r.ratio:.2f}x", f"{r.low:.2f}-{r.high:.2f}")
     console.print(out)
 
 
@@ -143,6 +168,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", type=Path, default=Path("runs/benchmark-attention/profile.csv"))
     parser.add_argument("--pairs", type=int, default=7, help="alternating auto/SDPA pairs per variant (half at 16384); 0: none")
     parser.add_argument("--paired-only", action="store_true", help="only the alternating table (no profile rows)")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                        help="the paired table's precision (bf16: autocast, as training in bf16)")
+    parser.add_argument("--backward", action="store_true", help="the paired table times forward+backward")
     args = parser.parse_args(argv)
     console = Console(width=200)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -150,7 +178,7 @@ def main(argv: list[str]) -> int:
         args.variants = EVERY_SCHEME if args.paired_only else BIAS_VARIANTS + OTHER_VARIANTS
     if args.paired_only:
         paired = paired_ratios(args.variants, args.lengths, args.batch, args.heads, args.head_dim, args.device,
-                               max(1, args.pairs), console)
+                               max(1, args.pairs), console, args.precision, args.backward)
         show_paired(paired, console)
         paired.to_csv(args.out.with_name("paired.csv"), index=False)
         return 0
@@ -166,7 +194,7 @@ def main(argv: list[str]) -> int:
     console.print(f"rows in {args.out}")
     if args.pairs > 0:
         paired = paired_ratios(args.variants, args.lengths, args.batch, args.heads, args.head_dim, args.device,
-                               args.pairs, console)
+                               args.pairs, console, args.precision, args.backward)
         show_paired(paired, console)
         paired.to_csv(args.out.with_name("paired.csv"), index=False)
     return 0

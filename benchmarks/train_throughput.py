@@ -8,6 +8,11 @@ bf16` with fp32 in two run directories (the README quotes both).
     python benchmarks/train_throughput.py
     python benchmarks/train_throughput.py --variants xl alibi --precisions fp32 bf16 --backends auto reference
     python benchmarks/train_throughput.py --paired --precisions fp32 --backends auto   # each variant x none
+    python benchmarks/train_throughput.py --device cuda --modes eager compile   # torch.compile of the model
+
+`--modes compile` runs the model under torch.compile (forward and backward through inductor; the
+first steps, which compile, are warm-up and not timed): whether it pays for a model that is
+launch-bound on a GPU is measured, not assumed.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from relbench.training.train import make_optimizer
 
 
 def make_step(spec: str, precision: str, backend: str, preset: str, train_tokens: torch.Tensor,
-              train_length: int | None = None, device: str = "cpu"):
+              train_length: int | None = None, device: str = "cpu", mode: str = "eager"):
     """A model and optimiser of the preset for `spec`, and a function that runs training step i
     (forward, loss, backward, AdamW) on batch i; plus the tokens per step."""
     model_config, train_config, _ = resolve(preset, model={"train_length": train_length})
@@ -45,12 +50,13 @@ def make_step(spec: str, precision: str, backend: str, preset: str, train_tokens
     model_config = dataclasses.replace(model_config, position=spec, attention=backend)
     model = GPT(model_config, seed=0).to(device).train()
     optimizer = make_optimizer(model, train_config)
+    forward = torch.compile(model) if mode == "compile" else model
     length, batch = model_config.train_length, train_config.batch_size
 
     def step(i: int) -> None:
         x, y = (t.to(device) for t in batch_at(train_tokens, i, 0, batch, length))
         with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=precision == "bf16"):
-            logits = model(x)
+            logits = forward(x)
         loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -60,8 +66,9 @@ def make_step(spec: str, precision: str, backend: str, preset: str, train_tokens
 
 
 def tokens_per_second(spec: str, precision: str, backend: str, preset: str, steps: int, warmup: int,
-                      train_tokens: torch.Tensor, train_length: int | None = None, device: str = "cpu") -> float:
-    step, tokens = make_step(spec, precision, backend, preset, train_tokens, train_length, device)
+                      train_tokens: torch.Tensor, train_length: int | None = None, device: str = "cpu",
+                      mode: str = "eager") -> float:
+    step, tokens = make_step(spec, precision, backend, preset, train_tokens, train_length, device, mode)
     return tokens / statistics.median(interleaved({spec: step}, steps, warmup, device)[spec])
 
 
@@ -90,14 +97,16 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--paired", action="store_true",
                         help="instead: each variant's step time over `none`'s, stepped in alternation")
     parser.add_argument("--train-length", type=int, default=None, help="override the preset's (same tokens per step)")
+    parser.add_argument("--modes", nargs="+", default=["eager"], choices=["eager", "compile"],
+                        help="eager, and/or the model under torch.compile")
     args = parser.parse_args(argv)
     train_tokens = torch.from_numpy(load_splits(None).train)
     console = Console()
     length = args.train_length or resolve(args.preset)[0].train_length
     table = Table(title=f"Training throughput, preset {args.preset}, length {length} (median step of {args.steps})",
                   title_justify="left")
-    for column in ("variant", "backend", "precision", "tokens/s", "vs fp32"):
-        table.add_column(column, justify="left" if column in ("variant", "backend", "precision") else "right")
+    for column in ("variant", "backend", "mode", "precision", "tokens/s", "vs fp32"):
+        table.add_column(column, justify="left" if column in ("variant", "backend", "mode", "precision") else "right")
     if args.paired:
         paired = Table(title=f"Training step time over none's, stepped in alternation, preset {args.preset}, "
                              f"length {length} (median of {args.steps} pairs)", title_justify="left")
@@ -114,14 +123,16 @@ def main(argv: list[str]) -> int:
         return 0
     for spec in args.variants:
         for backend in args.backends:
-            base = None
-            for precision in args.precisions:
-                rate = tokens_per_second(spec, precision, backend, args.preset, args.steps, args.warmup, train_tokens,
-                                         args.train_length, args.device)
-                base = rate if precision == "fp32" else base
-                ratio = f"{rate / base:.2f}x" if base else ""
-                table.add_row(spec, backend, precision, f"{rate:,.0f}", ratio)
-                console.print(f"{spec:<12} {backend:<10} {precision:<5} {rate:>10,.0f} tokens/s {ratio}")
+            for mode in args.modes:
+                base = None
+                for precision in args.precisions:
+                    rate = tokens_per_second(spec, precision, backend, args.preset, args.steps,
+                                             args.warmup + (2 if mode == "compile" else 0), train_tokens,
+                                             args.train_length, args.device, mode)
+                    base = rate if precision == "fp32" else base
+                    ratio = f"{rate / base:.2f}x" if base else ""
+                    table.add_row(spec, backend, mode, precision, f"{rate:,.0f}", ratio)
+                    console.print(f"{spec:<12} {backend:<10} {mode:<7} {precision:<5} {rate:>10,.0f} tokens/s {ratio}")
     console.print(table)
     return 0
 
