@@ -71,11 +71,12 @@ def check_command(
     seconds = time.perf_counter() - started
     cls = positions.scheme(spec)
     table = Table(title=f"Contract of {spec} ({cls.__module__}.{cls.__name__})", title_justify="left")
-    for column in ("property", "result", "evidence", "fix"):
+    fixes = any(f.fix for f in findings)    # the fix column only where something failed
+    for column in ("property", "result", "evidence", "fix")[: 4 if fixes else 3]:
         table.add_column(column, overflow="fold")
     for f in findings:
         result = "n/a" if f.passed is None else ("pass" if f.passed else "FAIL")
-        table.add_row(escape(f.prop), result, escape(f.evidence), escape(f.fix))
+        table.add_row(escape(f.prop), result, escape(f.evidence), *([escape(f.fix)] if fixes else []))
     console.print(table)
     failed = [f.prop for f in findings if f.passed is False]
     applied = sum(f.passed is not None for f in findings)
