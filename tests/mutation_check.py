@@ -275,6 +275,8 @@ MUTATIONS = [
      'if now != record["sha256"] and not accept_change:', "if False:", PLUGINS),
     ("plugins: a class that is not a PositionEncoding is registered", "relbench/positions/base.py",
      "if self.base is not None and not (isinstance(cls, type) and issubclass(cls, self.base)):", "if False:", PLUGINS),
+    ("tasks: the adjacent copy (inputs of no evaluated length) is never evaluated", "relbench/evaluation/evaluators.py",
+     "if n == length or (index == 0 and n not in job.lengths)]", "if n == length]", ["tests/test_cli.py"]),
     ("copy: the control keeps the original text where the copy goes", "relbench/tasks/copying.py",
      "control[LEAD: LEAD + SEGMENT] = stream[other: other + SEGMENT]", "pass", ["tests/test_tasks.py"]),
 ]
