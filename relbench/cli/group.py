@@ -54,8 +54,17 @@ def _say(line: str, code: int) -> None:
         err_console.print(one_line(distributed.label() + line), markup=False)
 
 
+# the order `relbench --help` lists the commands in: the pipeline, the tools, your own scheme
+ORDER = ("bench", "train", "tune-lr", "extrapolate", "finetune", "report", "variants", "presets", "profile", "inspect",
+         "check", "new-variant")
+
+
 class Group(TyperGroup):
     """Errors become one line on stderr and an exit code: 2 for usage, 1 for runtime problems."""
+
+    def list_commands(self, ctx) -> list[str]:
+        names = super().list_commands(ctx)
+        return sorted(names, key=lambda n: ORDER.index(n) if n in ORDER else len(ORDER))
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         args = spread_variadic(list(sys.argv[1:] if args is None else args))

@@ -1,0 +1,136 @@
+"""`relbench bench`: train, extrapolate and report in one go, the language-model track and the
+retrieval track, with the expected time of each printed first."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from relbench.cli.common import (
+    ConfigFile,
+    Device,
+    Lengths,
+    Log,
+    MaxTrainTokens,
+    PluginFiles,
+    PositionLR,
+    Preset,
+    RunDir,
+    TokenizerName,
+    Variants,
+    app,
+    command_experiment,
+    console,
+    position_lr_overrides,
+    resolve_device,
+    trained_variants,
+    use_plugins,
+)
+from relbench.cli.pipeline import extrapolate_runs, report_run, train_runs
+from relbench.config import read_file, resolve_precision
+from relbench.errors import UsageError, unknown
+from relbench.runs import results
+
+TRACKS = ("all", "lm", "retrieval")
+RETRIEVAL_PRESET = "retrieval"
+
+
+@app.command("bench")
+def bench_command(
+    variants: Variants = None,
+    preset: Preset = None,
+    config: ConfigFile = None,
+    lengths: Lengths = None,
+    track: Annotated[str, typer.Option(help="all (default): the language-model track (perplexity, copy; --preset, "
+                                       "default quick) and the retrieval track (models trained to criterion on "
+                                       "passkey and MQAR, their reach at 1x-64x: the language-model preset's retrieval "
+                                       "preset, `retrieval` unless it names another, with the same variants and seeds, "
+                                       "in RUN/retrieval); lm or retrieval: one of them (with --track "
+                                       "retrieval, --preset/--config name the retrieval setup).")] = "all",
+    retrieval_config: Annotated[Path | None, typer.Option("--retrieval-config", help="With --track all: an "
+                                                          "experiment file (TOML) for the retrieval track instead "
+                                                          "of the retrieval preset (its variants and seeds are "
+                                                          "still the language-model track's).")] = None,
+    run_dir: RunDir = results.DEFAULT_RUN_DIR,
+    position_lr_scale: PositionLR = None,
+    device: Device = "auto",
+    log: Log = "none",
+    tokenizer: TokenizerName = None,
+    max_train_tokens: MaxTrainTokens = None,
+    plugin: PluginFiles = None,
+) -> None:
+    """Train, extrapolate and report in one go (default: both tracks on the embedded corpus).
+
+    The report opens with one table: per variant, the perplexity ratio at 16x, whether the language
+    model uses distant context, passkey and MQAR reach over the seeds that learned, steps to learn,
+    and the attention cost at 4x. Before training, bench prints its expected time for each track.
+
+    Example: relbench bench        (the quick preset's 16 variants and their retrieval track; the README quotes
+    measured times per CPU)
+             relbench bench --track lm --config examples/three-schemes.toml
+             relbench bench --track retrieval --variants alibi rope xl t5
+    """
+    use_plugins(plugin)
+    from relbench.reporting.overview import RETRIEVAL_TRACK
+
+    if track not in TRACKS:
+        raise unknown("track", track, list(TRACKS))
+    if retrieval_config is not None and track != "all":
+        raise UsageError("--retrieval-config sets the retrieval track of --track all; with --track retrieval give "
+                         "the file as --config")
+    data = {"tokenizer": tokenizer, "max_train_tokens": max_train_tokens}
+    overrides = position_lr_overrides(position_lr_scale)
+    runs = []   # (run directory, experiment, specs, seeds, eval overrides)
+    if track in ("all", "lm"):
+        exp, specs, seeds = command_experiment(preset, config, variants, train=overrides, data=data)
+        if exp.train.task != "lm":
+            raise UsageError(f"preset {exp.preset} trains on {exp.train.task}, not language modelling; use --track "
+                             f"retrieval for it, or a language-model preset (quick, standard) with --track {track}")
+        runs.append((Path(run_dir), exp, specs, seeds, read_file(config).get("eval") if config is not None else None))
+    if track in ("all", "retrieval"):
+        own = track == "retrieval"
+        file, named = (config, preset) if own else (retrieval_config, None if retrieval_config else runs[0][1].retrieval)
+        base = named or (read_file(file).get("preset") if file is not None else None) or RETRIEVAL_PRESET
+        rexp, rspecs, rseeds = command_experiment(base, file, variants if own or not runs else trained_variants(runs[0][2]),
+                                           None if own or not runs else runs[0][3], train=overrides, data=data)
+        if rexp.train.task == "lm":
+            raise UsageError(f"preset {rexp.preset} trains a language model; the retrieval track needs a retrieval "
+                             f"preset (task passkey or mqar), e.g. --preset {RETRIEVAL_PRESET}")
+        runs.append((Path(run_dir) if own else Path(run_dir) / RETRIEVAL_TRACK, rexp, rspecs, rseeds,
+                     read_file(file).get("eval") if file is not None else None))
+    announce(runs, device)
+    for folder, exp, specs, seeds, evals in runs:
+        with results.RunLock(folder):
+            train_runs(folder, exp, trained_variants(specs), seeds, device, False, log)
+            extrapolate_runs(folder, lengths if exp.train.task == "lm" or track == "retrieval" else None, specs, "auto",
+                         None, device, seeds, eval_overrides=evals)
+    for folder, *_ in reversed(runs):   # the retrieval track first: the language-model report reads it
+        with results.RunLock(folder):
+            report_run(folder)
+
+
+def announce(runs: list, device: str) -> None:
+    """Print what each track will train and its expected training time, from one step of each of its
+    variants measured on this machine now (a retrieval run trained to criterion stops early; its cap
+    is the upper bound)."""
+    from relbench.cli import dryrun
+
+    target = resolve_device(device)
+    for folder, exp, specs, seeds, _ in runs:
+        probe = dataclasses.replace(exp, train=dataclasses.replace(
+            exp.train, precision=resolve_precision(exp.train.precision, target)))
+        per_step = [dryrun.measure(spec, probe, target, steps=1)["seconds_per_step"] for spec in trained_variants(specs)]
+        total = sum(per_step) * exp.train.steps * len(seeds)
+        what = (f"up to {exp.train.steps:,} steps each, stopping once {exp.train.task} accuracy at length "
+                f"{exp.model.train_length} holds {exp.train.criterion_accuracy:.0%}" if exp.train.criterion_accuracy > 0
+                else f"{exp.train.steps:,} steps each")
+        bound = "at most " if exp.train.criterion_accuracy > 0 else "about "
+        console.print(f"{'retrieval' if exp.train.task != 'lm' else 'language-model'} track (preset {exp.preset}, "
+                      f"{folder}): {len(per_step)} variant(s) x {len(seeds)} seed(s), {what}; expected training "
+                      f"{bound}{dryrun.human_time(total)} on {target} (one step of each variant measured now), then "
+                      f"evaluation", markup=False)
+
+
