@@ -18,6 +18,17 @@ class UsageError(RelbenchError):
     exit_code = 2
 
 
+class NameTaken(ValueError):
+    """A second class registered under a name that is taken (a programming error in the code that
+    registers, not the user's input): `kind` ("position variant", "evaluation form", "task") and
+    `name` say which, so a plugin loader can say whose name it was without parsing this text."""
+
+    def __init__(self, kind: str, name: str):
+        super().__init__(f"{kind} {name!r} registered twice")
+        self.kind = kind
+        self.name = name
+
+
 def one_line(text: str) -> str:
     """`text` with every character that is not printable (newlines, tabs, record separators, NUL, ...)
     written as its escape, so a message that quotes user input stays on one line."""

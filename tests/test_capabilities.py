@@ -13,7 +13,7 @@ ALL = positions.names()
 
 
 # ---- declared capabilities against what each variant really does ----------------------------------
-# the measurement is relbench/contract.py's (what `relbench check` runs on a user's scheme)
+# the measurement is relbench/contract/measurement.py's (what `relbench check` runs on a user's scheme)
 CAPABILITIES = list(contract.CAPABILITIES)
 # every variant with its defaults, and with options: the declaration is per class, so it must hold
 # whatever the options (scheme("xl:k=5") is the xl class)

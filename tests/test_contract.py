@@ -1,5 +1,5 @@
 """Every built-in variant keeps the contract `relbench check` holds a user's scheme to (the same
-code, relbench/contract.py), property by property. FlexAttention is left to tests/test_attention.py
+code, relbench/contract/), property by property. FlexAttention is left to tests/test_attention.py
 and tests/test_zoo.py, which compile it once per variant."""
 
 import pytest
@@ -33,6 +33,6 @@ def test_a_property_that_raises_is_its_failure(monkeypatch):
     def broken(spec):
         raise RuntimeError("the scheme's own bug")
 
-    monkeypatch.setattr(contract, "PROPERTIES", (("shapes", broken),))
+    monkeypatch.setattr(contract.properties, "PROPERTIES", (("shapes", broken),))
     (finding,) = contract.run("alibi")
     assert finding.passed is False and finding.evidence == "raised RuntimeError: the scheme's own bug"

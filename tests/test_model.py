@@ -1,12 +1,12 @@
-"""The GPT with every variant: shapes, causality, lengths beyond training, gradients, backends."""
+"""The GPT with every variant: shapes, causality, shared parameters, where forward builds its tensors.
+Lengths beyond training and gradients to every position parameter are the contract's properties
+(relbench/contract/), which tests/test_contract.py runs on every registered variant."""
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from relbench import positions
 from relbench.model import GPT, ModelConfig
-from relbench.positions.base import UnsupportedLength
 
 ALL = positions.names()
 TRAIN_LENGTH = 16
@@ -36,33 +36,6 @@ def test_causal(name):
         a, b = model(tokens), model(changed)
     torch.testing.assert_close(a[:, :t], b[:, :t])
     assert not torch.allclose(a[:, t:], b[:, t:])
-
-
-@pytest.mark.parametrize("name", ALL)
-def test_lengths_beyond_training(name):
-    model = tiny(name).eval()
-    tokens = torch.randint(0, 256, (1, 4 * TRAIN_LENGTH))
-    if model.max_length is not None:
-        assert model.max_length == TRAIN_LENGTH
-        with pytest.raises(UnsupportedLength):
-            model(tokens)
-    else:
-        with torch.no_grad():
-            assert torch.isfinite(model(tokens)).all()
-
-
-@pytest.mark.parametrize("name", ALL)
-def test_gradients_reach_every_position_parameter(name):
-    model = tiny(name)
-    with torch.no_grad():  # leave the near-zero init so every parameter has a visible effect
-        for p in model.positions.parameters():
-            p.normal_(0, 0.5)
-    model.project_parameters()   # as training does after every step
-    tokens = torch.randint(0, 256, (2, TRAIN_LENGTH + 1))
-    loss = F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
-    loss.backward()
-    for pname, p in model.positions.named_parameters():
-        assert p.grad is not None and p.grad.abs().sum() > 0, pname
 
 
 def test_same_initial_weights_for_shared_parameters():

@@ -1,4 +1,4 @@
-"""Schemes from a user's own file (positions/plugins.py), `relbench check` (relbench/contract.py) and
+"""Schemes from a user's own file (positions/plugins.py), `relbench check` (relbench/contract/) and
 `relbench new-variant`: templates that pass, broken schemes that fail on exactly their fault, a plugin
 that trains, extrapolates and reports, a changed or missing plugin refused, and every bad input in
 one line."""
@@ -169,7 +169,9 @@ def test_new_variant_writes_a_file_and_refuses_to_overwrite(tmp_path):
     ("def broken(:\n", "failed to import: SyntaxError: "),
     ("X = 1\n", "registers no position variant: decorate a PositionEncoding subclass"),
     ("from relbench.positions import RelativeBias, register\n@register('alibi')\nclass A(RelativeBias):\n"
-     "    def distance_bias(self, d):\n        return d\n", 'registers "alibi", the name of a built-in variant'),
+     "    def distance_bias(self, d):\n        return d\n", 'registers "alibi", the name of a built-in position variant'),
+    ("from relbench.positions.forms import Form, register_form\n@register_form('logn')\nclass L(Form):\n    pass\n",
+     'registers "logn", the name of a built-in evaluation form'),
     ("from relbench.positions import register\n@register('plain')\nclass P:\n    pass\n",
      "which is not a subclass of PositionEncoding"),
 ])

@@ -14,6 +14,7 @@ registered task; extrapolate.py plans units of work from them and never names a 
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -115,20 +116,21 @@ def not_learned(meta: dict[str, Any], task: str) -> str | None:
     return f"{task} not learned at its training length ({last}{summary.get('steps', '?')}-step cap): not evaluated"
 
 
-class Evaluator:
+class Evaluator(abc.ABC):
     """A task's evaluation. `todo` lists the work items of one variant x seed at `lengths[index]`
     still to do (protocols, distances, depths: hashable, picklable); `rows` computes them."""
 
     task: Task
 
+    @abc.abstractmethod
     def todo(self, job: Job, index: int, left: Left) -> tuple:
-        raise NotImplementedError
+        """The work items still to do at `job.lengths[index]`."""
 
+    @abc.abstractmethod
     def rows(self, model: GPT, base: dict[str, Any], length: int, items: tuple, job: Job,
              costs: dict[tuple[str, int], dict], label: str) -> tuple[list[Update], list[str]]:
         """The updates of the task's CSV (and any other) and the lines that report them; `label` starts
         every line ("xl           seed 0")."""
-        raise NotImplementedError
 
 
 def protocol_label(text: ScoredText, mode: str, stride: int | None) -> str:

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from relbench.errors import UsageError, one_line, unknown
+from relbench.errors import NameTaken, UsageError, one_line, unknown
 from relbench.positions.plan import BiasPlan, DistancePlan
 
 
@@ -36,7 +36,7 @@ class Registry:
                 raise UsageError(f'@register("{one_line(name)}") decorates {getattr(cls, "__name__", cls)!r}, '
                                  f"which is not a subclass of {self.base.__name__}")
             if name in self._classes:
-                raise ValueError(f"{self.kind} {name!r} registered twice")
+                raise NameTaken(self.kind, name)
             cls.name = name
             self._classes[name] = cls
             return cls

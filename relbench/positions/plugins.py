@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from relbench.errors import UsageError, one_line
+from relbench.errors import NameTaken, UsageError, one_line
 from relbench.positions import base, forms
 
 ENTRY_POINT_GROUP = "relbench.positions"
@@ -90,16 +90,11 @@ def _import(label: str, run, resolved: Path | None = None) -> tuple[tuple[str, .
 
     try:
         run()
-    except ValueError as error:   # the registry's "registered twice"
+    except NameTaken as error:
         rollback()
-        text = str(error)
-        name = text.split("'")[1] if text.count("'") >= 2 else text
-        if "registered twice" not in text:
-            raise UsageError(f"plugin {label} failed to import: {type(error).__name__}: {one_line(text)} "
-                             f"({_where(error, resolved) if resolved else label})") from None
-        owner = "a built-in" if name in builtin_names() else "an already loaded plugin's"
-        raise UsageError(f'plugin {label} registers "{name}", the name of {owner} '
-                         f"{'variant' if 'variant' in text else 'form'}: give its @register another name") from None
+        owner = "a built-in" if error.name in builtin_names() else "an already loaded plugin's"
+        raise UsageError(f'plugin {label} registers "{error.name}", the name of {owner} {error.kind}: '
+                         "give its @register another name") from None
     except UsageError as error:    # e.g. @register on a class that is not a PositionEncoding
         rollback()
         raise UsageError(f"plugin {label}: {error}") from None

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from relbench.errors import unknown
+from relbench.errors import NameTaken, unknown
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ TASKS: dict[str, Task] = {}
 
 def register_task(task: Task) -> Task:
     if task.name in TASKS:
-        raise ValueError(f"task {task.name!r} registered twice")
+        raise NameTaken("task", task.name)
     TASKS[task.name] = task
     return task
 
