@@ -76,7 +76,7 @@ from relbench.cost import memory
 from relbench.cost.profiling import interleaved
 from relbench.model import GPT
 from relbench.training.batches import lm_batch
-from relbench.training.train import make_optimizer
+from relbench.training.step import make_optimizer
 
 INSTALL = "x-transformers is not installed: pip install -e '.[peers]'"
 DYNAMIC_WIDTH = positions.get("dynamic").options()["width"].default    # relbench's MLP width (32)

@@ -36,7 +36,7 @@ from relbench.cost.profiling import interleaved, paired
 from relbench.data import load_splits
 from relbench.model import GPT
 from relbench.training.batches import lm_batch as batch_at
-from relbench.training.train import make_optimizer
+from relbench.training.step import make_optimizer
 
 
 def make_step(spec: str, precision: str, backend: str, preset: str, train_tokens: torch.Tensor,

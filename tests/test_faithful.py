@@ -91,7 +91,7 @@ def test_kerple_parameters_are_projected_in_place_after_each_step():
     """The official code clamps the stored values (p, a >= 0.01; the power's p <= 2), so a step that
     pushes a parameter below its floor leaves it at the floor, not below it."""
     from relbench.config import TrainConfig
-    from relbench.training.train import make_optimizer, optimizer_step
+    from relbench.training.step import make_optimizer, optimizer_step
 
     for name in ("kerple-log", "kerple-power"):
         model = gpt(name)

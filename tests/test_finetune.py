@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from relbench.cli import app
 from relbench.config import TrainConfig
 from relbench.runs import checkpoints, results
+from relbench.training import step as training_step
 from relbench.training import train
 from relbench.training.batches import training_batch
 from relbench.training.finetune import batch_size_for, warmup_for
@@ -119,13 +120,13 @@ def hand_continuation(run_dir, form: str = "") -> torch.nn.Module:
     model = checkpoints.load_model(results.checkpoint_dir(run_dir, "rope", 0)).train()
     if form:
         forms.apply(model, form)
-    optimizer = train.make_optimizer(model, config)
+    optimizer = training_step.make_optimizer(model, config)
     for step in range(STEPS):
         for group in optimizer.param_groups:
-            group["lr"] = train.lr_at(step, config) * group["lr_scale"]
+            group["lr"] = training_step.lr_at(step, config) * group["lr_scale"]
         x, y, w = training_batch(tokens, STEPS + step, config, LENGTH, splits.tokenizer)
-        train.forward_backward(model, optimizer, x, y, w, torch.device("cpu"), config, step)
-        train.optimizer_step(model, optimizer)
+        training_step.forward_backward(model, optimizer, x, y, w, torch.device("cpu"), config, step)
+        training_step.optimizer_step(model, optimizer)
     return model
 
 

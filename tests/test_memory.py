@@ -89,7 +89,7 @@ from relbench.data.tokenizer import ByteTokenizer
 from relbench.evaluation.perplexity import perplexity, scored_text
 from relbench.model import GPT
 from relbench.cost.profiling import PeakMemory, rss_kb
-from relbench.training.train import make_optimizer, optimizer_step, weighted_loss
+from relbench.training.step import make_optimizer, optimizer_step, weighted_loss
 
 torch.set_num_threads(1)  # the same on every host, and no spinning threads on a busy machine
 

@@ -12,7 +12,7 @@ from relbench.cli import app
 from relbench.config import TrainConfig
 from relbench.model import GPT, ModelConfig
 from relbench.runs import results
-from relbench.training.train import make_optimizer, position_lr
+from relbench.training.step import make_optimizer, position_lr
 
 runner = CliRunner()
 

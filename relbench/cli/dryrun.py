@@ -28,7 +28,7 @@ from relbench.config import Experiment
 from relbench.cost import memory
 from relbench.errors import RelbenchError, UsageError
 from relbench.model import GPT
-from relbench.training.train import forward_backward, make_optimizer, optimizer_step, position_lr
+from relbench.training.step import forward_backward, make_optimizer, optimizer_step, position_lr
 
 DRY_STEPS = 3
 MICRO_STEP_SECONDS = 4.0    # a timed step of the micro-batch takes at most about this long

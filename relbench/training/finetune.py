@@ -21,7 +21,7 @@ The protocol, by default (each choice can be changed where an option says so):
 - optimiser: a fresh AdamW with training's parameter groups, weight decay and the variant's position
   learning-rate multiplier (as recorded in its meta.json, tuned or not). Adam's moments from training
   are not kept (a finished checkpoint does not hold them; PI and YaRN also start a new optimiser).
-- learning rate (--lr): peak = the run's training peak; training's schedule (train.lr_at) over the N
+- learning rate (--lr): peak = the run's training peak; training's schedule (step.lr_at) over the N
   steps: linear warm-up over min(training warm-up, max(1, N // 10)) steps, then cosine to
   peak x min_lr_ratio.
 - batches: training's rule continued. Fine-tuning step s takes the batch that batches.training_batch

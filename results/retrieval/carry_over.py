@@ -20,7 +20,7 @@ import pandas as pd
 from relbench import config as C
 from relbench.runs import results
 from relbench.tasks import TASKS
-from relbench.training.train import position_lr
+from relbench.training.step import position_lr
 
 run = Path(sys.argv[1] if len(sys.argv) > 1 else "results/retrieval")
 old = results.require_run(run)
