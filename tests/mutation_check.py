@@ -279,6 +279,8 @@ MUTATIONS = [
      "if n == length or (index == 0 and n not in job.lengths)]", "if n == length]", ["tests/test_cli.py"]),
     ("copy: the control keeps the original text where the copy goes", "relbench/tasks/copying.py",
      "control[LEAD: LEAD + SEGMENT] = stream[other: other + SEGMENT]", "pass", ["tests/test_tasks.py"]),
+    ("memory: the estimate's probe keeps its saved tensors with their graph (never freed)", "relbench/cost/memory.py",
+     "        return tensor.detach()", "        return tensor", ["tests/test_memory.py"]),
 ]
 
 
