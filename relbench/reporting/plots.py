@@ -7,7 +7,8 @@
 - learned_bias.png: the learned bias against relative distance, per head, for every trained
   variant with a learned distance bias (xl, t5, ...), with ALiBi's fixed lines for comparison;
 - passkey.png, mqar.png: retrieval accuracy per variant, length by depth of the key (passkey.csv) or
-  by distance from pair to query (mqar.csv), over the seeds that learned the task at 1x;
+  by distance from pair to query (mqar.csv), over the seeds that learned the task at 1x (none
+  when no seed learned it);
 - copy_distance.png: loss with an earlier copy of the text / with unrelated text in its place, against its distance (copy.csv);
 - attention_cost.png: attention time against length per backend, from profile.csv.
 
@@ -252,9 +253,10 @@ def retrieval_heatmaps(rows: pd.DataFrame, train_length: int, path: Path, learne
     """Retrieval accuracy per variant, one panel each: evaluation length (x) by where the answer sits
     (y: the key's depth for passkey; the distance from pair to query, in power-of-two bins, for MQAR),
     pooled over the seeds that learned the task at the training length (`learned`: (variant, seed)).
-    A variant with no learned seed gets an empty panel titled "not learned"."""
+    A variant with no learned seed gets an empty panel titled "not learned"; with no learned seed at
+    all (language models asked for a passkey) there is nothing to draw and no plot is written."""
     ok = rows[rows["status"] == "ok"]
-    if ok.empty:
+    if ok.empty or not any((v, int(s)) in learned for v, s in zip(ok["variant"], ok["seed"])):
         return None
     ok = ok.assign(place=ok["depth"] if kind == "passkey" else ok["distance_low"])
     count = "trials" if kind == "passkey" else "queries"
