@@ -279,6 +279,10 @@ MUTATIONS = [
      "if n == length or (index == 0 and n not in job.lengths)]", "if n == length]", ["tests/test_cli.py"]),
     ("copy: the control keeps the original text where the copy goes", "relbench/tasks/copying.py",
      "control[LEAD: LEAD + SEGMENT] = stream[other: other + SEGMENT]", "pass", ["tests/test_tasks.py"]),
+    ("plots: loss by position keeps only the bin with the most tokens", "relbench/reporting/plots.py",
+     '''    if "segment" in here:   # one protocol''',
+     '''    here = here[here["n_tokens"] == here["n_tokens"].max()]
+    if "segment" in here:   # one protocol''', ["tests/test_report.py"]),
     ("memory: the estimate's probe keeps its saved tensors with their graph (never freed)", "relbench/cost/memory.py",
      "        return tensor.detach()", "        return tensor", ["tests/test_memory.py"]),
 ]

@@ -216,3 +216,18 @@ def test_retrieval_heatmaps_only_for_seeds_that_learned(tmp_path):
     assert not (tmp_path / "none.png").exists()
     path = retrieval_heatmaps(rows, 128, tmp_path / "one.png", {("alibi", 0)})
     assert path == tmp_path / "one.png" and path.is_file()
+
+
+def test_loss_by_position_draws_every_bin(tmp_path, monkeypatch):
+    """Each line has a point per position bin (bins hold more tokens the farther they are: filtering
+    on the largest count had left only the last bin)."""
+    from relbench.reporting.plots import loss_by_position
+
+    figures = _capture_figures(monkeypatch)
+    edges = [0, 1, 2, 4, 8, 16, 32, 64]
+    rows = pd.DataFrame([{"variant": v, "seed": 0, "length": 64, "mode": "nonoverlap", "stride": 64, "segment": 64,
+                          "bin_start": a, "bin_end": b, "n_tokens": 8 * (b - a), "loss_sum": 8 * (b - a) * loss,
+                          "loss": loss} for v, loss in (("alibi", 2.0), ("xl", 1.5)) for a, b in zip(edges, edges[1:])])
+    loss_by_position(rows, 32, tmp_path / "lbp.png")
+    lines = {line.get_label(): line for line in figures[0].axes[0].get_lines()}
+    assert len(lines["alibi"].get_xdata()) == len(edges) - 1 and list(lines["xl"].get_ydata()) == [1.5] * 7

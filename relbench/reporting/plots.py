@@ -165,9 +165,8 @@ def loss_by_position(bins: pd.DataFrame, train_length: int, path: Path) -> Path:
     here = bins[bins["mode"] == mode]
     longest = int(here["length"].max())
     here = here[here["length"] == longest]
-    for column in ("segment", "n_tokens"):  # one protocol: the widest measurement at that length
-        if column in here:
-            here = here[here[column] == here[column].max()]
+    if "segment" in here:   # one protocol: the widest measurement at that length (n_tokens is per bin)
+        here = here[here["segment"] == here["segment"].max()]
     fig, ax = plt.subplots(figsize=(8.5, 4.2))
     names = sorted(here["variant"].unique())
     for variant, mine in here.groupby("variant", sort=False):
