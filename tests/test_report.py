@@ -1,5 +1,6 @@
 """Seed aggregation and the markers of unresolved differences, on hand-made rows."""
 
+import itertools
 import math
 
 import pandas as pd
@@ -227,7 +228,7 @@ def test_loss_by_position_draws_every_bin(tmp_path, monkeypatch):
     edges = [0, 1, 2, 4, 8, 16, 32, 64]
     rows = pd.DataFrame([{"variant": v, "seed": 0, "length": 64, "mode": "nonoverlap", "stride": 64, "segment": 64,
                           "bin_start": a, "bin_end": b, "n_tokens": 8 * (b - a), "loss_sum": 8 * (b - a) * loss,
-                          "loss": loss} for v, loss in (("alibi", 2.0), ("xl", 1.5)) for a, b in zip(edges, edges[1:])])
+                          "loss": loss} for v, loss in (("alibi", 2.0), ("xl", 1.5)) for a, b in itertools.pairwise(edges)])
     loss_by_position(rows, 32, tmp_path / "lbp.png")
     lines = {line.get_label(): line for line in figures[0].axes[0].get_lines()}
     assert len(lines["alibi"].get_xdata()) == len(edges) - 1 and list(lines["xl"].get_ydata()) == [1.5] * 7
