@@ -232,3 +232,17 @@ def test_loss_by_position_draws_every_bin(tmp_path, monkeypatch):
     loss_by_position(rows, 32, tmp_path / "lbp.png")
     lines = {line.get_label(): line for line in figures[0].axes[0].get_lines()}
     assert len(lines["alibi"].get_xdata()) == len(edges) - 1 and list(lines["xl"].get_ydata()) == [1.5] * 7
+
+
+def test_a_line_that_stops_early_says_where(tmp_path, monkeypatch):
+    """`learned` has no positions past its training length: its end label says so, at its own end."""
+    from relbench.reporting.plots import perplexity_vs_length
+
+    figures = _capture_figures(monkeypatch)
+    summary = pd.DataFrame([{"variant": v, "protocol": "nonoverlap", "status": "ok", "length": n, "ratio_mean": r,
+                             "ratio_ci95": float("nan")}
+                            for v, points in (("learned", [(256, 1.0)]), ("sinusoidal", [(256, 1.0), (1024, 1.5)]))
+                            for n, r in points])
+    perplexity_vs_length(summary, 256, tmp_path / "ppl.png")
+    notes = {t.get_text(): t.xy for ax in figures[0].axes for t in ax.texts}
+    assert notes == {"learned 1.00 (to 256 only)": (256.0, 1.0), "sinusoidal 1.50": (1024.0, 1.5)}

@@ -18,6 +18,7 @@ Panels are laid out in rows of at most four.
 from __future__ import annotations
 
 import io
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -109,20 +110,22 @@ def family_of(variant: str) -> str:
     return family.split(" (")[0] or "other"
 
 
-def _end_labels(ax, ends: list[tuple[str, float, int]], x: float, gap: float = 0.075) -> None:
-    """Name each line at its right end, with its last value; labels that would overlap are spread
-    apart vertically (at least `gap` of the axis height) and joined to their line's end."""
+def _end_labels(ax, ends: list[tuple[str, float, int, float]], x: float, gap: float = 0.075) -> None:
+    """Name each line at its right end, with its last value (and its last length, where it stops
+    before `x`: `learned` has no positions past its training length); labels that would overlap are
+    spread apart vertically (at least `gap` of the axis height) and joined to their line's end."""
     if not ends:
         return
     low, high = ax.get_ylim()
     to_frac = lambda y: (np.log2(y) - np.log2(low)) / (np.log2(high) - np.log2(low))   # log2 y axis
     placed = []
-    for variant, y, style in sorted(ends, key=lambda e: e[1]):
+    for variant, y, style, last in sorted(ends, key=lambda e: e[1]):
         frac = to_frac(y)
         if placed:
             frac = max(frac, placed[-1] + gap)
         placed.append(frac)
-        ax.annotate(f"{variant} {y:.2f}", xy=(x, y), xycoords="data", xytext=(1.02, frac), textcoords="axes fraction",
+        text = f"{variant} {y:.2f}" + (f" (to {last:g} only)" if last < x else "")
+        ax.annotate(text, xy=(last, y), xycoords="data", xytext=(1.02, frac), textcoords="axes fraction",
                     fontsize=7, va="center", color=_style(style)["color"],
                     arrowprops={"arrowstyle": "-", "color": _style(style)["color"], "linewidth": 0.5})
 
@@ -149,10 +152,10 @@ def perplexity_vs_length(summary: pd.DataFrame, train_length: int, path: Path) -
         ax.axhline(1.0, color="grey", linewidth=0.6)
         ax.set_yscale("log", base=2)
         ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
-        ax.set_title(f"{family}\n{protocol}", fontsize=9)
+        ax.set_title(f"{family}\n" + textwrap.fill(protocol, 38), fontsize=9)   # a panel is ~40 characters wide
         log_axes(ax, lengths)
-        labels.append((ax, [(variant, float(m.sort_values("length")["ratio_mean"].iloc[-1]), names.index(variant))
-                            for variant, m in mine_all.groupby("variant", sort=False)]))
+        labels.append((ax, [(variant, float(m.sort_values("length")["ratio_mean"].iloc[-1]), names.index(variant),
+                             float(m["length"].max())) for variant, m in mine_all.groupby("variant", sort=False)]))
     for ax, ends in labels:       # once every panel is drawn: the shared y range is final
         _end_labels(ax, ends, max(lengths))
     fig.supxlabel(f"evaluation length (tokens); dotted: the training length {train_length}", fontsize=9)
