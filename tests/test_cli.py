@@ -97,8 +97,8 @@ def test_copy_and_passkey_tasks_and_the_overview(trained, tmp_path):
     assert result.exit_code == 0, result.output
     report = (run_dir / "report.md").read_text()
     assert "## Overview" in report and "## Copy distance" in report and "## Passkey accuracy" in report
-    for name in ("passkey", "copy_distance"):
-        assert (run_dir / "plots" / f"{name}.png").stat().st_size > 1000
+    assert (run_dir / "plots" / "copy_distance.png").stat().st_size > 1000
+    assert not (run_dir / "plots" / "passkey.png").exists()     # no seed of these language models learned it
 
 
 def test_inspect_reports_bias_size_reach_and_gradients(trained):
