@@ -285,6 +285,15 @@ MUTATIONS = [
     if "segment" in here:   # one protocol''', ["tests/test_report.py"]),
     ("memory: the estimate's probe keeps its saved tensors with their graph (never freed)", "relbench/cost/memory.py",
      "        return tensor.detach()", "        return tensor", ["tests/test_memory.py"]),
+    ("memory: the composed estimate counts the first layer twice", "relbench/cost/memory.py",
+     "a + (model.n_layers - 1) * (b - a) + v", "a + model.n_layers * (b - a) + v",
+     ["tests/test_memory.py::test_the_saved_line_composed_from_one_and_two_layers_is_the_deep_models_own"]),
+    ("dry run: the composed step counts the first layer twice", "relbench/cli/dryrun.py",
+     "a + (layers - 1) * max(0.0, b - a) + v", "a + layers * max(0.0, b - a) + v",
+     [CONFIG + "test_the_dry_run_composes_a_step_from_one_and_two_layers_the_vocabulary_and_the_batch"]),
+    ("dry run: the optimiser step scaled with the batch", "relbench/cli/dryrun.py",
+     "per_sequence * config.batch_size + per_step", "(per_sequence + per_step) * config.batch_size",
+     [CONFIG + "test_the_dry_run_composes_a_step_from_one_and_two_layers_the_vocabulary_and_the_batch"]),
 ]
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from relbench import positions
 from relbench.config import ModelConfig, resolve
 from relbench.cost import memory
 from relbench.errors import RelbenchError, UsageError
@@ -185,6 +186,21 @@ def test_a_bias_built_on_every_pair_is_counted_once_per_batch():
     fire = memory.training_bytes(dataclasses.replace(model, position="fire"), 1)
     xl = memory.training_bytes(dataclasses.replace(model, position="xl"), 1)
     assert fire - xl > 2 * 32 * 4 * 512 * 512 / 2   # at least the hidden layer, causal half, per layer
+
+
+@pytest.mark.parametrize("name", [*positions.names(), "t5:num_buckets=8,max_distance=12"])
+def test_the_saved_line_composed_from_one_and_two_layers_is_the_deep_models_own(name):
+    """A deep model with a large vocabulary is never built to estimate it: its saved tensors are its
+    scheme's at one and two layers (PROBE_VOCAB) extended linearly in the layers, plus the
+    vocabulary's share, probed once without position encoding. For every scheme that composition
+    gives what probing the whole model gives (bf16 for every other scheme, fp32 for the rest)."""
+    precision = "bf16" if positions.names().index(name.split("@")[0].split(":")[0]) % 2 else "fp32"
+    model = ModelConfig(vocab_size=1000, d_model=32, n_layers=5, n_heads=2, train_length=64, position=name)
+    weights, *composed = memory._saved_line(json.dumps(dataclasses.asdict(model), sort_keys=True), precision)
+    direct = memory._probe_line(model, precision)
+    assert weights == 16 * GPT(model).n_params()
+    for got, want in zip(composed, direct):
+        assert got == pytest.approx(want, rel=0.01, abs=64)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])

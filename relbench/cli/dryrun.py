@@ -3,17 +3,26 @@ training, loading the corpus or writing anything.
 
 Per variant: parameters, the training memory estimate (relbench.cost.memory.training_bytes, the
 figure the memory check uses), whether it fits the device (and if not, the largest --batch-size that
-does), and the seconds per step, measured over DRY_STEPS real optimiser steps (after one warm-up
-step) on random tokens of the run's shape: the cost of a step does not depend on the tokens.
+does), and the seconds per step at the configured batch.
 
-Steps are timed at a micro-batch, not necessarily the configured batch: the largest batch that fits
-in half the memory budget (so that the dry run never needs what the run would), made smaller again
-when a warm-up step of one sequence says that a step of it would take over MICRO_STEP_SECONDS (and
-when even one sequence takes longer, one step is timed instead of DRY_STEPS). A step
-costs in proportion to its sequences (every matrix product and every attention row scales with the
-batch), so the time of the configured batch is the micro-batch's time x batch / micro-batch; the
-table says which micro-batch was timed. The projected wall time is the sum over variants of seconds
-per step x steps x seeds.
+A step is never timed on the configured model. Its time is composed from small real models, because
+a step's cost is a sum of parts that each scale in a known way:
+- **layers**: every block costs the same, so a model of n layers takes t(1) + (n - 1) (t(2) - t(1)),
+  with t(1) and t(2) the steps of the variant's model at one and two layers and the vocabulary
+  PROBE_VOCAB (what the model shares across layers, such as a bias planned once, is part of t(1));
+- **vocabulary**: the embedding, the output projection, the loss and their optimiser state cost the
+  same for every scheme, so their share is measured once per run shape, as the step of a one-layer
+  model without position encoding at the configured vocabulary minus the same at PROBE_VOCAB;
+- **batch**: every matrix product and attention row of forward and backward scales with the
+  sequences, so they cost the timed micro-batch's time x batch / micro-batch; the optimiser step
+  does not depend on the batch and is added once. The micro-batch is the largest that fits in half
+  the memory budget, made smaller when a warm-up step of one sequence of the two-layer model says
+  that a timed step would take over MICRO_STEP_SECONDS.
+Each part is the fastest of DRY_STEPS real optimiser steps (after a warm-up step) on random tokens:
+the cost of a step does not depend on the tokens, and the fastest is the one least disturbed by
+other work on the machine. benchmarks/dry_run.py checks the composed time against timed steps of
+the configured model. The projected wall time is the sum over variants of seconds per step x steps
+x seeds.
 """
 
 from __future__ import annotations
@@ -30,8 +39,8 @@ from relbench.errors import RelbenchError, UsageError
 from relbench.model import GPT
 from relbench.training.step import forward_backward, make_optimizer, optimizer_step, position_lr
 
-DRY_STEPS = 3
-MICRO_STEP_SECONDS = 4.0    # a timed step of the micro-batch takes at most about this long
+DRY_STEPS = 2
+MICRO_STEP_SECONDS = 1.0    # a timed step of the two-layer model at the micro-batch takes at most about this long
 
 
 def micro_batch(model_config, config, device: torch.device, one_step_seconds: float) -> int:
@@ -43,45 +52,101 @@ def micro_batch(model_config, config, device: torch.device, one_step_seconds: fl
     return max(1, min(config.batch_size, fits, quick))
 
 
-def _step(model, optimizer, window, device, config) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    started = time.perf_counter()
+def _step(model, optimizer, window, device, config) -> tuple[float, float]:
+    """Seconds of one training step's forward and backward, and of its optimiser step."""
+    def now() -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter()
+
+    started = now()
     forward_backward(model, optimizer, window[:, :-1], window[:, 1:], None, device, config, 0)
+    backward = now()
     optimizer_step(model, optimizer)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - started
+    return backward - started, now() - backward
 
 
-def measure(spec: str, exp: Experiment, device: torch.device, steps: int = DRY_STEPS) -> dict[str, Any]:
+class _Timer:
+    """Steps of one small real model (the variant's, at `layers` layers and `vocab` tokens)."""
+
+    def __init__(self, model_config, config, device: torch.device, layers: int, vocab: int):
+        self.config, self.device = config, device
+        self.model = GPT(dataclasses.replace(model_config, n_layers=layers, vocab_size=vocab), seed=config.seed)
+        self.model.to(device).train()
+        self.optimizer = make_optimizer(self.model, config)
+        self.generator = torch.Generator().manual_seed(config.seed)
+        self.length = model_config.train_length
+
+    def step(self, batch: int) -> tuple[float, float]:
+        rows = torch.randint(0, self.model.config.vocab_size, (batch, self.length + 1), generator=self.generator)
+        return _step(self.model, self.optimizer, rows.to(self.device), self.device, self.config)
+
+    def fastest(self, batch: int, steps: int, layers: int | None = None) -> tuple[float, float]:
+        """(forward and backward per sequence, optimiser step): each the fastest of `steps` timed
+        steps at `batch` over the first `layers` blocks (the model has run this shape already).
+        Fewer blocks share the model's other weights and its optimiser: blocks left out get no
+        gradient, and AdamW skips them."""
+        blocks = self.model.blocks
+        if layers is not None:
+            self.model.blocks = blocks[:layers]
+        try:
+            times = [self.step(batch) for _ in range(steps)]
+        finally:
+            self.model.blocks = blocks
+        return min(t[0] for t in times) / batch, min(t[1] for t in times)
+
+
+def _warm(timer: _Timer, model_config, config, device: torch.device) -> int:
+    """A warm-up step of one sequence (allocation, kernel choice), then one at the micro-batch it
+    chooses; returns the micro-batch."""
+    first = sum(timer.step(1))
+    micro = micro_batch(model_config, config, device, first)
+    if micro > 1:
+        timer.step(micro)
+    return micro
+
+
+def vocabulary_seconds(exp: Experiment, device: torch.device, steps: int = DRY_STEPS) -> tuple[float, float]:
+    """(seconds per sequence, seconds of the optimiser step) that the configured vocabulary adds to
+    PROBE_VOCAB's (the module doc): zero for a vocabulary no larger."""
+    model_config = dataclasses.replace(exp.model, position="none", position_options={}, attention="auto",
+                                       n_layers=1)
+    if model_config.vocab_size <= memory.PROBE_VOCAB:
+        return 0.0, 0.0
+    config = dataclasses.replace(exp.train, position_lr_scale=1.0)
+    full = _Timer(model_config, config, device, 1, model_config.vocab_size)
+    micro = _warm(full, model_config, config, device)
+    large = full.fastest(micro, steps)
+    del full
+    small = _Timer(model_config, config, device, 1, memory.PROBE_VOCAB)
+    _warm(small, model_config, config, device)
+    return tuple(max(0.0, a - b) for a, b in zip(large, small.fastest(micro, steps)))
+
+
+def measure(spec: str, exp: Experiment, device: torch.device, steps: int = DRY_STEPS,
+            vocabulary: tuple[float, float] | None = None) -> dict[str, Any]:
     """One variant's parameters, memory estimate, the largest batch that fits, and the seconds per
-    training step at the configured batch, timed at a micro-batch (see the module doc)."""
+    training step at the configured batch, composed from steps of its model at one and two layers
+    (see the module doc). `vocabulary`: vocabulary_seconds, when already measured for this run."""
     model_config = dataclasses.replace(exp.model, position=spec, attention=exp.train.attention)
     config = dataclasses.replace(exp.train, position_lr_scale=position_lr(spec, exp.train)[0])
-    model = GPT(model_config, seed=config.seed).to(device)
-    model.train()
-    optimizer = make_optimizer(model, config)
-    generator = torch.Generator().manual_seed(config.seed)
-
-    def window(batch: int) -> torch.Tensor:
-        return torch.randint(0, model_config.vocab_size, (batch, model_config.train_length + 1),
-                             generator=generator).to(device)
-
-    first = _step(model, optimizer, window(1), device, config)   # warm-up (allocation, kernel choice), not timed
-    micro = micro_batch(model_config, config, device, first)
-    rows = window(micro)
-    if micro > 1:
-        _step(model, optimizer, rows, device, config)            # warm-up at the timed shape
-    steps = 1 if first > MICRO_STEP_SECONDS else steps    # one sequence is already slow: one timed step is enough
-    times = sorted(_step(model, optimizer, rows, device, config) for _ in range(steps))
+    layers = model_config.n_layers
+    timer = _Timer(model_config, config, device, min(2, layers), min(model_config.vocab_size, memory.PROBE_VOCAB))
+    micro = _warm(timer, model_config, config, device)
+    two = timer.fastest(micro, steps)
+    one = timer.fastest(micro, steps, layers=1) if layers > 1 else two
+    del timer
+    vocabulary = vocabulary_seconds(exp, device, steps) if vocabulary is None else vocabulary
+    per_sequence, per_step = (a + (layers - 1) * max(0.0, b - a) + v for a, b, v in zip(one, two, vocabulary))
     have = memory.budget(device)
     need = memory.training_bytes(model_config, config.batch_size, config.precision)
     fits = None if have is None or need <= have else memory.largest_batch(model_config, config.precision, have,
                                                                           config.batch_size)
-    return {"variant": spec, "params": model.n_params(), "position_params": model.n_params(positions_only=True),
+    params = memory.parameter_count(model_config)
+    return {"variant": spec, "params": params, "position_params": params - memory.parameter_count(
+                dataclasses.replace(model_config, position="none", position_options={})),
             "memory_bytes": need, "fits_batch": fits, "micro_batch": micro,
-            "seconds_per_step": times[len(times) // 2] * config.batch_size / micro}
+            "seconds_per_step": per_sequence * config.batch_size + per_step}
 
 
 def human_time(seconds: float) -> str:
@@ -116,11 +181,13 @@ def report(exp: Experiment, specs: list[str], seeds: list[int], device: torch.de
     console.print(f"dry run of preset {exp.preset}: {m.n_layers} layers, d {m.d_model}, {m.n_heads} heads, vocabulary "
                   f"{m.vocab_size:,}, length {m.train_length}; {t.steps:,} steps x {t.batch_size} sequences = "
                   f"{tokens:,} tokens per run, {len(specs)} variant(s) x {len(seeds)} seed(s), {t.precision} on "
-                  f"{device}; timing {DRY_STEPS} steps per variant at a micro-batch after a warm-up step, scaled to "
-                  f"the batch of {t.batch_size} (x batch / micro-batch)")
+                  f"{device}; a step's time composed from each variant's model at one and two layers (x layers), the "
+                  f"vocabulary's share measured once, timed at a micro-batch (the fastest of {DRY_STEPS} steps after "
+                  f"a warm-up), forward and backward scaled to the batch of {t.batch_size} (x batch / micro-batch)")
     rows, total = [], 0.0
+    vocabulary = vocabulary_seconds(exp, device)
     for spec in specs:
-        row = measure(spec, exp, device)
+        row = measure(spec, exp, device, vocabulary=vocabulary)
         projected = row["seconds_per_step"] * t.steps * len(seeds)
         total += projected
         fits = ("yes" if row["fits_batch"] is None else f"no ({row['fits_batch']})" if row["fits_batch"] else "no (0)")

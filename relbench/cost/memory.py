@@ -146,7 +146,7 @@ def training_bytes(model: ModelConfig, batch_size: int, precision: str = "fp32")
     """The peak memory of one training step of `model.position` at `batch_size`: weights,
     gradients and AdamW's two moments (16 bytes per parameter), every tensor autograd saves for
     backward, and backward's own (LOGIT_COPIES, BACKWARD_SHARE). The saved tensors are measured,
-    not guessed: the real model runs a forward and the loss at three short lengths (8, 16 and 32;
+    not guessed: real models run a forward and the loss at three short lengths (8, 16 and 32;
     fewer and shorter for a model trained shorter) and two batch sizes under `saved_tensors_hooks`,
     with the attention path training would take at the full length and the given precision, and
     the totals fix the five terms of
@@ -156,20 +156,63 @@ def training_bytes(model: ModelConfig, batch_size: int, precision: str = "fp32")
     shares per position (e: without it, two lengths read the chunked path's per-position terms as
     per-pair ones, and xl at length 1024, batch 2 was estimated at 106 MB for the 73 MB a real step
     holds) and constants (k). tests/test_memory.py checks the estimate against the measured peak of
-    real steps (vocabularies 256 to 50,257, fp32 and bf16, three attention paths). The probes run
-    once per model and precision (a batch is then a line: see _saved_line)."""
+    real steps (vocabularies 256 to 50,257, fp32 and bf16, three attention paths). The probed
+    models are the scheme's at one and two layers with a small vocabulary, and the vocabulary's
+    share is probed once (_saved_line: the configured model is never built). The probes run once
+    per model and precision (a batch is then a line)."""
     weights, per_row, shared = _saved_line(json.dumps(dataclasses.asdict(model), sort_keys=True), precision)
     return _with_backward(model, batch_size, weights, batch_size * per_row + shared)
+
+
+PROBE_VOCAB = 256   # the vocabulary of the per-layer probes (see _saved_line)
 
 
 @functools.lru_cache(maxsize=64)
 def _saved_line(model_json: str, precision: str) -> tuple[float, float, float]:
     """(weights and optimiser state, saved bytes per sequence, saved bytes shared by the batch) of
-    a model (its ModelConfig as JSON) at its training length: saved(B) is linear in B."""
+    a model (its ModelConfig as JSON) at its training length: saved(B) is linear in B.
+
+    The saved bytes are linear in the number of layers too (every block saves the same tensors; a
+    bias planned once for all layers is part of the constant), and the vocabulary's share (the
+    logits, the embedding's autocast copy) does not depend on the scheme. So a deep model or a
+    large vocabulary is never built: the scheme is probed at one and two layers with a vocabulary
+    of PROBE_VOCAB, and the vocabulary's share is the difference of one one-layer model without
+    position encoding at the two vocabularies, probed once per shape (_vocabulary_line). The
+    weights are counted from the configuration (parameter_count)."""
+    model = ModelConfig(**json.loads(model_json))
+    weights = FLOAT * 4 * parameter_count(model)
+    if model.n_layers <= 2 and model.vocab_size <= PROBE_VOCAB:
+        return (weights, *_probe_line(model, precision))
+    small = dataclasses.replace(model, vocab_size=min(model.vocab_size, PROBE_VOCAB))
+    one = _probe_line(dataclasses.replace(small, n_layers=1), precision)
+    two = _probe_line(dataclasses.replace(small, n_layers=2), precision) if model.n_layers > 1 else one
+    vocabulary = (_vocabulary_line(_reference_json(model), precision) if model.vocab_size > PROBE_VOCAB
+                  else (0.0, 0.0))
+    per_row, shared = (max(0.0, a + (model.n_layers - 1) * (b - a) + v) for a, b, v in zip(one, two, vocabulary))
+    return weights, per_row, shared
+
+
+def _reference_json(model: ModelConfig) -> str:
+    """The one-layer model without position encoding whose vocabulary share stands for every scheme's."""
+    reference = dataclasses.replace(model, position="none", position_options={}, n_layers=1, attention="auto")
+    return json.dumps(dataclasses.asdict(reference), sort_keys=True)
+
+
+@functools.lru_cache(maxsize=16)
+def _vocabulary_line(reference_json: str, precision: str) -> tuple[float, float]:
+    """The saved bytes (per sequence, shared) that the model's vocabulary adds to PROBE_VOCAB's."""
+    reference = ModelConfig(**json.loads(reference_json))
+    full = _probe_line(reference, precision)
+    small = _probe_line(dataclasses.replace(reference, vocab_size=PROBE_VOCAB), precision)
+    return full[0] - small[0], full[1] - small[1]
+
+
+def _probe_line(model: ModelConfig, precision: str) -> tuple[float, float]:
+    """(saved bytes per sequence, saved bytes shared by the batch) of the real model `model`, built
+    and probed at three short lengths and two batch sizes (see training_bytes)."""
     from relbench.attention import chunk_block
     from relbench.model import GPT
 
-    model = ModelConfig(**json.loads(model_json))
     backend = training_backend(model, precision)
     probe = dataclasses.replace(model, attention=backend)
     gpt = GPT(probe).eval()  # a probe, not training: no layer behaves differently, gradients still flow
@@ -188,9 +231,8 @@ def _saved_line(model_json: str, precision: str) -> tuple[float, float, float]:
         one, two = (_saved_bytes(gpt, batch, length, precision) for batch in (1, 2))
         per_sequence.append(two - one)                    # a L + b P(L)
         whole.append(2 * one - two)                       # c P(L) + e L + k
-    weights = FLOAT * 4 * sum(p.numel() for p in gpt.parameters())
     if len(lengths) == 1:                                 # too short to separate L from L^2: scale by B alone
-        return weights, per_sequence[0], whole[0]
+        return per_sequence[0], whole[0]
 
     def fit(columns: list[list[float]], totals: list[int]) -> list[float]:
         """The non-negative coefficients of the columns that give the totals (as many as columns)."""
@@ -204,7 +246,7 @@ def _saved_line(model_json: str, precision: str) -> tuple[float, float, float]:
     else:                                                 # two lengths: no separate per-position term
         (c, k), e = fit([[pairs(n), 1] for n in lengths], whole), 0.0
     length, target = model.train_length, pairs(model.train_length)
-    return weights, a * length + b * target, c * target + e * length + k
+    return a * length + b * target, c * target + e * length + k
 
 
 def _with_backward(model: ModelConfig, batch_size: int, weights: float, saved: float) -> int:
