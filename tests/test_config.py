@@ -238,18 +238,20 @@ def test_the_dry_run_composes_a_step_from_one_and_two_layers_the_vocabulary_and_
     from relbench.model import GPT
 
     def fake_step(model, optimizer, window, device, config):
-        blocks, vocab, batch = len(model.blocks), model.config.vocab_size, window.shape[0]
-        return batch * (1e-3 + 3e-3 * blocks + 1e-6 * vocab), 1e-4 + 2e-4 * blocks + 1e-7 * vocab
+        blocks, vocab, batch, tokens = len(model.blocks), model.config.vocab_size, window.shape[0], window.shape[1] - 1
+        return batch * tokens * (1e-6 + 3e-6 * blocks + 1e-9 * vocab), 1e-4 + 2e-4 * blocks + 1e-7 * vocab
 
     monkeypatch.setattr(dryrun, "_step", fake_step)
     tiny = config.experiment("tiny")
-    exp = dataclasses.replace(tiny, model=dataclasses.replace(tiny.model, n_layers=6, vocab_size=3000),
+    exp = dataclasses.replace(tiny, model=dataclasses.replace(tiny.model, n_layers=6, vocab_size=3000, train_length=512),
                               train=dataclasses.replace(tiny.train, batch_size=8))
+    assert dryrun.VOCABULARY_LENGTH < 512      # the vocabulary's share is timed shorter and scaled to 512 tokens
     assert dryrun.vocabulary_seconds(exp, torch.device("cpu")) == pytest.approx(
-        (1e-6 * (3000 - memory.PROBE_VOCAB), 1e-7 * (3000 - memory.PROBE_VOCAB)))
+        (512e-9 * (3000 - memory.PROBE_VOCAB), 1e-7 * (3000 - memory.PROBE_VOCAB)))
     row = dryrun.measure("alibi", exp, torch.device("cpu"))
     assert row["micro_batch"] == 8
-    assert row["seconds_per_step"] == pytest.approx(8 * (1e-3 + 3e-3 * 6 + 1e-6 * 3000) + 1e-4 + 2e-4 * 6 + 1e-7 * 3000)
+    assert row["seconds_per_step"] == pytest.approx(8 * 512 * (1e-6 + 3e-6 * 6 + 1e-9 * 3000)
+                                                    + 1e-4 + 2e-4 * 6 + 1e-7 * 3000)
     model = dataclasses.replace(exp.model, position="xl")
     assert dryrun.measure("xl", exp, torch.device("cpu"))["params"] == GPT(model).n_params()
     assert dryrun.measure("xl", exp, torch.device("cpu"))["position_params"] == GPT(model).n_params(positions_only=True)

@@ -12,13 +12,15 @@ a step's cost is a sum of parts that each scale in a known way:
   PROBE_VOCAB (what the model shares across layers, such as a bias planned once, is part of t(1));
 - **vocabulary**: the embedding, the output projection, the loss and their optimiser state cost the
   same for every scheme, so their share is measured once per run shape, as the step of a one-layer
-  model without position encoding at the configured vocabulary minus the same at PROBE_VOCAB;
+  model without position encoding at the configured vocabulary minus the same at PROBE_VOCAB (its
+  work is per token, so it is timed on sequences of VOCABULARY_LENGTH tokens and scaled to the
+  training length);
 - **batch**: every matrix product and attention row of forward and backward scales with the
   sequences, so they cost the timed micro-batch's time x batch / micro-batch; the optimiser step
   does not depend on the batch and is added once. The micro-batch is the largest that fits in half
-  the memory budget, made smaller when a warm-up step of one sequence of the two-layer model says
-  that a timed step would take over MICRO_STEP_SECONDS.
-Each part is the fastest of DRY_STEPS real optimiser steps (after a warm-up step) on random tokens:
+  the memory budget, made smaller when a warm-up step of one sequence through one block says that a
+  step of the micro-batch through one block would take over MICRO_STEP_SECONDS.
+Each part is the fastest of DRY_STEPS real optimiser steps (after warm-up steps) on random tokens:
 the cost of a step does not depend on the tokens, and the fastest is the one least disturbed by
 other work on the machine. benchmarks/dry_run.py checks the composed time against timed steps of
 the configured model. The projected wall time is the sum over variants of seconds per step x steps
@@ -40,7 +42,8 @@ from relbench.model import GPT
 from relbench.training.step import forward_backward, make_optimizer, optimizer_step, position_lr
 
 DRY_STEPS = 2
-MICRO_STEP_SECONDS = 1.0    # a timed step of the two-layer model at the micro-batch takes at most about this long
+MICRO_STEP_SECONDS = 0.25   # a step of one block at the micro-batch takes at most about this long
+VOCABULARY_LENGTH = 128     # the vocabulary's share is timed on sequences of at most this many tokens
 
 
 def micro_batch(model_config, config, device: torch.device, one_step_seconds: float) -> int:
@@ -67,60 +70,74 @@ def _step(model, optimizer, window, device, config) -> tuple[float, float]:
 
 
 class _Timer:
-    """Steps of one small real model (the variant's, at `layers` layers and `vocab` tokens)."""
+    """Steps of one small real model (the variant's, at `layers` layers and `vocab` tokens, trained
+    at `length`)."""
 
-    def __init__(self, model_config, config, device: torch.device, layers: int, vocab: int):
+    def __init__(self, model_config, config, device: torch.device, layers: int, vocab: int,
+                 length: int | None = None):
         self.config, self.device = config, device
         self.model = GPT(dataclasses.replace(model_config, n_layers=layers, vocab_size=vocab), seed=config.seed)
         self.model.to(device).train()
         self.optimizer = make_optimizer(self.model, config)
         self.generator = torch.Generator().manual_seed(config.seed)
-        self.length = model_config.train_length
+        self.length = length or model_config.train_length
 
-    def step(self, batch: int) -> tuple[float, float]:
+    def step(self, batch: int, layers: int | None = None) -> tuple[float, float]:
+        """One step at `batch` over the first `layers` blocks (all by default). Fewer blocks share
+        the model's other weights and its optimiser: blocks left out get no gradient, and AdamW
+        skips them."""
         rows = torch.randint(0, self.model.config.vocab_size, (batch, self.length + 1), generator=self.generator)
-        return _step(self.model, self.optimizer, rows.to(self.device), self.device, self.config)
-
-    def fastest(self, batch: int, steps: int, layers: int | None = None) -> tuple[float, float]:
-        """(forward and backward per sequence, optimiser step): each the fastest of `steps` timed
-        steps at `batch` over the first `layers` blocks (the model has run this shape already).
-        Fewer blocks share the model's other weights and its optimiser: blocks left out get no
-        gradient, and AdamW skips them."""
         blocks = self.model.blocks
         if layers is not None:
             self.model.blocks = blocks[:layers]
         try:
-            times = [self.step(batch) for _ in range(steps)]
+            return _step(self.model, self.optimizer, rows.to(self.device), self.device, self.config)
         finally:
             self.model.blocks = blocks
+
+    def fastest(self, batch: int, steps: int, layers: int | None = None) -> tuple[float, float]:
+        """(forward and backward per sequence, optimiser step): each the fastest of `steps` timed
+        steps (the model has run this shape already)."""
+        times = [self.step(batch, layers) for _ in range(steps)]
         return min(t[0] for t in times) / batch, min(t[1] for t in times)
 
+    def alternating(self, batch: int, steps: int, layers: tuple[int | None, ...]) -> list[tuple[float, float]]:
+        """fastest() of each number of blocks in `layers`, their steps taken in turn, so that other
+        work on the machine disturbs each alike."""
+        times = [[self.step(batch, count) for count in layers] for _ in range(steps)]
+        return [(min(row[i][0] for row in times) / batch, min(row[i][1] for row in times)) for i in range(len(layers))]
 
-def _warm(timer: _Timer, model_config, config, device: torch.device) -> int:
-    """A warm-up step of one sequence (allocation, kernel choice), then one at the micro-batch it
-    chooses; returns the micro-batch."""
-    first = sum(timer.step(1))
-    micro = micro_batch(model_config, config, device, first)
-    if micro > 1:
-        timer.step(micro)
-    return micro
+    def warm(self, model_config, config, device: torch.device, micro: int | None = None) -> int:
+        """Warm-up steps of the first block (allocation, kernel choice: every block has the same
+        shapes): of one sequence, which chooses the micro-batch unless `micro` is given, then of the
+        micro-batch. Returns the micro-batch."""
+        if micro is None:
+            micro = micro_batch(model_config, config, device, sum(self.step(1, layers=1)))
+            if micro == 1:
+                return micro                                  # that shape has run
+        self.step(micro, layers=1)
+        return micro
 
 
 def vocabulary_seconds(exp: Experiment, device: torch.device, steps: int = DRY_STEPS) -> tuple[float, float]:
     """(seconds per sequence, seconds of the optimiser step) that the configured vocabulary adds to
-    PROBE_VOCAB's (the module doc): zero for a vocabulary no larger."""
+    PROBE_VOCAB's (the module doc): zero for a vocabulary no larger. Its work is per token (the
+    embedding, the output layer, the loss), so it is timed on sequences of at most VOCABULARY_LENGTH
+    tokens and scaled to the training length."""
     model_config = dataclasses.replace(exp.model, position="none", position_options={}, attention="auto",
                                        n_layers=1)
     if model_config.vocab_size <= memory.PROBE_VOCAB:
         return 0.0, 0.0
     config = dataclasses.replace(exp.train, position_lr_scale=1.0)
-    full = _Timer(model_config, config, device, 1, model_config.vocab_size)
-    micro = _warm(full, model_config, config, device)
-    large = full.fastest(micro, steps)
-    del full
-    small = _Timer(model_config, config, device, 1, memory.PROBE_VOCAB)
-    _warm(small, model_config, config, device)
-    return tuple(max(0.0, a - b) for a, b in zip(large, small.fastest(micro, steps)))
+    length = min(model_config.train_length, VOCABULARY_LENGTH)
+    full = _Timer(model_config, config, device, 1, model_config.vocab_size, length)
+    micro = full.warm(model_config, config, device)
+    small = _Timer(model_config, config, device, 1, memory.PROBE_VOCAB, length)
+    small.warm(model_config, config, device, micro)
+    times = [(full.step(micro), small.step(micro)) for _ in range(steps)]   # in turn: disturbed alike
+    large, base = ((min(t[i][0] for t in times) / micro, min(t[i][1] for t in times)) for i in (0, 1))
+    per_sequence, per_step = (max(0.0, a - b) for a, b in zip(large, base))
+    return per_sequence * model_config.train_length / length, per_step
 
 
 def measure(spec: str, exp: Experiment, device: torch.device, steps: int = DRY_STEPS,
@@ -132,9 +149,9 @@ def measure(spec: str, exp: Experiment, device: torch.device, steps: int = DRY_S
     config = dataclasses.replace(exp.train, position_lr_scale=position_lr(spec, exp.train)[0])
     layers = model_config.n_layers
     timer = _Timer(model_config, config, device, min(2, layers), min(model_config.vocab_size, memory.PROBE_VOCAB))
-    micro = _warm(timer, model_config, config, device)
-    two = timer.fastest(micro, steps)
-    one = timer.fastest(micro, steps, layers=1) if layers > 1 else two
+    micro = timer.warm(model_config, config, device)
+    timed = timer.alternating(micro, steps, (None, 1) if layers > 1 else (None,))
+    two, one = timed[0], timed[-1]
     del timer
     vocabulary = vocabulary_seconds(exp, device, steps) if vocabulary is None else vocabulary
     per_sequence, per_step = (a + (layers - 1) * max(0.0, b - a) + v for a, b, v in zip(one, two, vocabulary))
@@ -194,9 +211,15 @@ def report(exp: Experiment, specs: list[str], seeds: list[int], device: torch.de
         rows.append([spec, f"{row['params']:,}", f"{row['position_params']:,}", memory.human(row["memory_bytes"]),
                      fits, str(row["micro_batch"]), f"{row['seconds_per_step']:.3f}",
                      f"{tokens / t.steps / row['seconds_per_step']:,.0f}", human_time(projected)])
-    console.print(rich_table("Dry run (nothing trained or written)", ["variant", "params", "position", "memory",
-                                                                       "fits", "timed", "s/step", "tok/s",
-                                                                       "projected"], rows))
+    table = rich_table("Dry run (nothing trained or written)", ["variant", "params", "position", "memory", "fits",
+                                                                 "timed", "s/step", "tok/s", "projected"], rows)
+    width = console.width
+    if not console.is_terminal:              # a pipe or a file: every figure whole, not cut to 80 columns
+        console.width = max(width, 132)
+    try:
+        console.print(table)
+    finally:
+        console.width = width
     console.print("memory: the estimated peak of a step; fits: whether it fits this device (in brackets, the largest "
                   "--batch-size that does); timed: the micro-batch the steps were timed at, scaled to the batch",
                   markup=False)

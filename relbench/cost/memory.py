@@ -183,9 +183,8 @@ def _saved_line(model_json: str, precision: str) -> tuple[float, float, float]:
     weights = FLOAT * 4 * parameter_count(model)
     if model.n_layers <= 2 and model.vocab_size <= PROBE_VOCAB:
         return (weights, *_probe_line(model, precision))
-    small = dataclasses.replace(model, vocab_size=min(model.vocab_size, PROBE_VOCAB))
-    one = _probe_line(dataclasses.replace(small, n_layers=1), precision)
-    two = _probe_line(dataclasses.replace(small, n_layers=2), precision) if model.n_layers > 1 else one
+    small = dataclasses.replace(model, vocab_size=min(model.vocab_size, PROBE_VOCAB), n_layers=min(2, model.n_layers))
+    one, two = _probe_lines(small, precision, (1, small.n_layers))
     vocabulary = (_vocabulary_line(_reference_json(model), precision) if model.vocab_size > PROBE_VOCAB
                   else (0.0, 0.0))
     per_row, shared = (max(0.0, a + (model.n_layers - 1) * (b - a) + v) for a, b, v in zip(one, two, vocabulary))
@@ -210,12 +209,29 @@ def _vocabulary_line(reference_json: str, precision: str) -> tuple[float, float]
 def _probe_line(model: ModelConfig, precision: str) -> tuple[float, float]:
     """(saved bytes per sequence, saved bytes shared by the batch) of the real model `model`, built
     and probed at three short lengths and two batch sizes (see training_bytes)."""
-    from relbench.attention import chunk_block
+    return _probe_lines(model, precision, (model.n_layers,))[0]
+
+
+def _probe_lines(model: ModelConfig, precision: str, layers: tuple[int, ...]) -> list[tuple[float, float]]:
+    """_probe_line of `model` with each number of layers in `layers` (at most model.n_layers): one
+    model is built, and its first blocks stand for the shallower ones."""
     from relbench.model import GPT
 
     backend = training_backend(model, precision)
     probe = dataclasses.replace(model, attention=backend)
     gpt = GPT(probe).eval()  # a probe, not training: no layer behaves differently, gradients still flow
+    blocks = gpt.blocks
+    lines = []
+    for count in layers:
+        gpt.blocks = blocks[:count]
+        lines.append(_fit_line(gpt, model, backend, precision))
+    return lines
+
+
+def _fit_line(gpt, model: ModelConfig, backend: str, precision: str) -> tuple[float, float]:
+    """The saved bytes of `gpt` probed and fitted (see training_bytes)."""
+    from relbench.attention import chunk_block
+
     top = model.train_length
     longest = min(32, top)
     lengths = sorted({max(2, longest // 4), max(2, longest // 2), longest}) if top > 2 else [top]
