@@ -39,9 +39,11 @@ def whole_step(spec: str, exp, device: torch.device, batch: int, steps: int) -> 
     model_config = dataclasses.replace(exp.model, position=spec, attention=exp.train.attention)
     train = dataclasses.replace(exp.train, position_lr_scale=position_lr(spec, exp.train)[0])
     timer = dryrun._Timer(model_config, train, device, model_config.n_layers, model_config.vocab_size)
-    timer.step(batch)                                          # warm-up at the timed shape
-    per_sequence, per_step = timer.fastest(batch, steps)
-    return per_sequence * batch + per_step
+    timer.step(batch, model_config.train_length)              # warm-up at the timed shape
+    times, started = [], time.perf_counter()
+    while len(times) < steps or (len(times) < dryrun.MOST_ROUNDS and time.perf_counter() - started < 2.0):
+        times.append(sum(timer.step(batch, model_config.train_length)))
+    return min(times)
 
 
 def whole_memory(spec: str, exp, batch: int) -> int:
@@ -57,7 +59,7 @@ def main() -> None:
     parser.add_argument("--preset", default="paper")
     parser.add_argument("--variants", nargs="+", default=["alibi", "xl", "fire", "t5", "rope"])
     parser.add_argument("--batch", type=int, default=1, help="the batch both are timed at (default 1)")
-    parser.add_argument("--steps", type=int, default=dryrun.DRY_STEPS)
+    parser.add_argument("--steps", type=int, default=dryrun.DRY_STEPS, help="at least this many (both)")
     parser.add_argument("--precision", default=None, help="default: the preset's")
     parser.add_argument("--no-memory", action="store_true", help="skip the whole-model memory probe")
     args = parser.parse_args()
@@ -73,8 +75,8 @@ def main() -> None:
     started = time.perf_counter()
     vocabulary = dryrun.vocabulary_seconds(exp, device, args.steps)
     console.print(f"vocabulary's share measured once in {time.perf_counter() - started:.1f} s: "
-                  f"{vocabulary[0]:.3f} s per sequence, {vocabulary[1]:.3f} s per optimiser step")
-    table = Table("variant", "composed s/step", "whole s/step", "ratio", "dry run", "composed memory",
+                  f"{vocabulary[0]:.3f} s per step, {vocabulary[1] * m.train_length:.3f} s per sequence")
+    table = Table("variant", "timed at", "composed s/step", "whole s/step", "ratio", "dry run", "composed memory",
                   "whole memory", "ratio", title="composed / whole model")
     ratios = []
     for spec in args.variants:
@@ -84,7 +86,8 @@ def main() -> None:
         spent = time.perf_counter() - started
         whole = whole_step(spec, exp, device, args.batch, args.steps)
         ratios.append(composed["seconds_per_step"] / whole)
-        cells = [spec, f"{composed['seconds_per_step']:.3f}", f"{whole:.3f}", f"{ratios[-1]:.2f}", f"{spent:.1f} s"]
+        cells = [spec, str(composed["micro_batch"]), f"{composed['seconds_per_step']:.3f}", f"{whole:.3f}",
+                 f"{ratios[-1]:.2f}", f"{spent:.1f} s"]
         if args.no_memory:
             cells += ["", "", ""]
         else:

@@ -291,11 +291,11 @@ MUTATIONS = [
     ("dry run: the composed step counts the first layer twice", "relbench/cli/dryrun.py",
      "a + (layers - 1) * max(0.0, b - a) + v", "a + layers * max(0.0, b - a) + v",
      [CONFIG + "test_the_dry_run_composes_a_step_from_one_and_two_layers_the_vocabulary_and_the_batch"]),
-    ("dry run: the vocabulary's share, timed on short sequences, not scaled to the training length",
-     "relbench/cli/dryrun.py", "per_sequence * model_config.train_length / length, per_step", "per_sequence, per_step",
+    ("dry run: the vocabulary's fixed cost per step counted per token",
+     "relbench/cli/dryrun.py", "    return fixed, per_token\n", "    return 0.0, per_token + fixed / length\n",
      [CONFIG + "test_the_dry_run_composes_a_step_from_one_and_two_layers_the_vocabulary_and_the_batch"]),
-    ("dry run: the optimiser step scaled with the batch", "relbench/cli/dryrun.py",
-     "per_sequence * config.batch_size + per_step", "(per_sequence + per_step) * config.batch_size",
+    ("dry run: a step's fixed cost (optimiser, per-weight work) scaled with the batch", "relbench/cli/dryrun.py",
+     "fixed + per_token * length * config.batch_size", "(fixed + per_token * length) * config.batch_size",
      [CONFIG + "test_the_dry_run_composes_a_step_from_one_and_two_layers_the_vocabulary_and_the_batch"]),
 ]
 

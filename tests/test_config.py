@@ -231,27 +231,29 @@ def test_a_batch_beyond_memory_is_refused_with_the_batch_that_fits_and_the_dry_r
 def test_the_dry_run_composes_a_step_from_one_and_two_layers_the_vocabulary_and_the_batch(monkeypatch):
     """A step's time is never measured on the configured model: it is composed from steps of the
     variant's model at one and two layers with a small vocabulary, the vocabulary's share measured
-    once, and the batch (forward and backward scale with it, the optimiser step does not). With a
-    step whose cost is known in each part, the composition gives the configured model's step."""
+    once on shorter sequences, and the batch (the per-token work scales with it; the optimiser and
+    the per-weight work of a step do not). With a step whose cost is known in each part, the
+    composition gives the configured model's step."""
     from relbench.cli import dryrun
     from relbench.cost import memory
     from relbench.model import GPT
 
     def fake_step(model, optimizer, window, device, config):
         blocks, vocab, batch, tokens = len(model.blocks), model.config.vocab_size, window.shape[0], window.shape[1] - 1
-        return batch * tokens * (1e-6 + 3e-6 * blocks + 1e-9 * vocab), 1e-4 + 2e-4 * blocks + 1e-7 * vocab
+        fixed = 1e-3 + 2e-3 * blocks + 1e-6 * vocab                 # casting, clipping, allocating gradients
+        return fixed + batch * tokens * (1e-6 + 3e-6 * blocks + 1e-9 * vocab), 1e-4 + 2e-4 * blocks + 1e-7 * vocab
 
     monkeypatch.setattr(dryrun, "_step", fake_step)
     tiny = config.experiment("tiny")
     exp = dataclasses.replace(tiny, model=dataclasses.replace(tiny.model, n_layers=6, vocab_size=3000, train_length=512),
                               train=dataclasses.replace(tiny.train, batch_size=8))
     assert dryrun.VOCABULARY_LENGTH < 512      # the vocabulary's share is timed shorter and scaled to 512 tokens
-    assert dryrun.vocabulary_seconds(exp, torch.device("cpu")) == pytest.approx(
-        (512e-9 * (3000 - memory.PROBE_VOCAB), 1e-7 * (3000 - memory.PROBE_VOCAB)))
+    extra = 3000 - memory.PROBE_VOCAB
+    assert dryrun.vocabulary_seconds(exp, torch.device("cpu")) == pytest.approx((1.1e-6 * extra, 1e-9 * extra))
     row = dryrun.measure("alibi", exp, torch.device("cpu"))
     assert row["micro_batch"] == 8
-    assert row["seconds_per_step"] == pytest.approx(8 * 512 * (1e-6 + 3e-6 * 6 + 1e-9 * 3000)
-                                                    + 1e-4 + 2e-4 * 6 + 1e-7 * 3000)
+    fixed = 1e-3 + 2e-3 * 6 + 1e-6 * 3000 + 1e-4 + 2e-4 * 6 + 1e-7 * 3000    # once per step, whatever the batch
+    assert row["seconds_per_step"] == pytest.approx(fixed + 8 * 512 * (1e-6 + 3e-6 * 6 + 1e-9 * 3000))
     model = dataclasses.replace(exp.model, position="xl")
     assert dryrun.measure("xl", exp, torch.device("cpu"))["params"] == GPT(model).n_params()
     assert dryrun.measure("xl", exp, torch.device("cpu"))["position_params"] == GPT(model).n_params(positions_only=True)

@@ -15,16 +15,19 @@ a step's cost is a sum of parts that each scale in a known way:
   model without position encoding at the configured vocabulary minus the same at PROBE_VOCAB (its
   work is per token, so it is timed on sequences of VOCABULARY_LENGTH tokens and scaled to the
   training length);
-- **batch**: every matrix product and attention row of forward and backward scales with the
-  sequences, so they cost the timed micro-batch's time x batch / micro-batch; the optimiser step
-  does not depend on the batch and is added once. The micro-batch is the largest that fits in half
-  the memory budget, made smaller when a warm-up step of one sequence through one block says that a
-  step of the micro-batch through one block would take over MICRO_STEP_SECONDS.
-Each part is the fastest of DRY_STEPS real optimiser steps (after warm-up steps) on random tokens:
-the cost of a step does not depend on the tokens, and the fastest is the one least disturbed by
-other work on the machine. benchmarks/dry_run.py checks the composed time against timed steps of
-the configured model. The projected wall time is the sum over variants of seconds per step x steps
-x seeds.
+- **batch**: a step's work per token scales with its sequences; its fixed part (the optimiser step,
+  and casting, clipping and allocating the gradients of every weight) does not. Each part is timed
+  at a micro-batch at the training length and at SHORT_LENGTH tokens: what is left at no tokens is
+  the fixed part, added once, and the rest is per token, times the configured batch's tokens. The
+  micro-batch is the largest that fits in half the memory budget, made smaller when a warm-up step
+  of one sequence through one block says that a step of the micro-batch through one block would
+  take over MICRO_STEP_SECONDS.
+Each part is the fastest of at least DRY_STEPS real optimiser steps (more for quick ones, until
+their rounds took ROUND_SECONDS; after warm-up steps) on random tokens: the cost of a step does not
+depend on the tokens, the fastest is the one least disturbed by other work on the machine, and the
+shapes are timed in turn so that such work disturbs each alike. benchmarks/dry_run.py checks the
+composed time against timed steps of the configured model. The projected wall time is the sum over
+variants of seconds per step x steps x seeds.
 """
 
 from __future__ import annotations
@@ -44,6 +47,9 @@ from relbench.training.step import forward_backward, make_optimizer, optimizer_s
 DRY_STEPS = 2
 MICRO_STEP_SECONDS = 0.25   # a step of one block at the micro-batch takes at most about this long
 VOCABULARY_LENGTH = 128     # the vocabulary's share is timed on sequences of at most this many tokens
+SHORT_LENGTH = 8            # and every part on sequences this short too: what is left at no tokens is per step
+ROUND_SECONDS = 1.0         # quick steps are repeated (up to MOST_ROUNDS) until their rounds took this long
+MOST_ROUNDS = 10
 
 
 def micro_batch(model_config, config, device: torch.device, one_step_seconds: float) -> int:
@@ -70,23 +76,20 @@ def _step(model, optimizer, window, device, config) -> tuple[float, float]:
 
 
 class _Timer:
-    """Steps of one small real model (the variant's, at `layers` layers and `vocab` tokens, trained
-    at `length`)."""
+    """Steps of one small real model (the variant's, at `layers` layers and `vocab` tokens)."""
 
-    def __init__(self, model_config, config, device: torch.device, layers: int, vocab: int,
-                 length: int | None = None):
+    def __init__(self, model_config, config, device: torch.device, layers: int, vocab: int):
         self.config, self.device = config, device
         self.model = GPT(dataclasses.replace(model_config, n_layers=layers, vocab_size=vocab), seed=config.seed)
         self.model.to(device).train()
         self.optimizer = make_optimizer(self.model, config)
         self.generator = torch.Generator().manual_seed(config.seed)
-        self.length = length or model_config.train_length
 
-    def step(self, batch: int, layers: int | None = None) -> tuple[float, float]:
-        """One step at `batch` over the first `layers` blocks (all by default). Fewer blocks share
-        the model's other weights and its optimiser: blocks left out get no gradient, and AdamW
-        skips them."""
-        rows = torch.randint(0, self.model.config.vocab_size, (batch, self.length + 1), generator=self.generator)
+    def step(self, batch: int, length: int, layers: int | None = None) -> tuple[float, float]:
+        """One step of `batch` sequences of `length` tokens over the first `layers` blocks (all by
+        default). Fewer blocks share the model's other weights and its optimiser: blocks left out
+        get no gradient, and AdamW skips them."""
+        rows = torch.randint(0, self.model.config.vocab_size, (batch, length + 1), generator=self.generator)
         blocks = self.model.blocks
         if layers is not None:
             self.model.blocks = blocks[:layers]
@@ -95,49 +98,57 @@ class _Timer:
         finally:
             self.model.blocks = blocks
 
-    def fastest(self, batch: int, steps: int, layers: int | None = None) -> tuple[float, float]:
-        """(forward and backward per sequence, optimiser step): each the fastest of `steps` timed
-        steps (the model has run this shape already)."""
-        times = [self.step(batch, layers) for _ in range(steps)]
-        return min(t[0] for t in times) / batch, min(t[1] for t in times)
-
-    def alternating(self, batch: int, steps: int, layers: tuple[int | None, ...]) -> list[tuple[float, float]]:
-        """fastest() of each number of blocks in `layers`, their steps taken in turn, so that other
-        work on the machine disturbs each alike."""
-        times = [[self.step(batch, count) for count in layers] for _ in range(steps)]
-        return [(min(row[i][0] for row in times) / batch, min(row[i][1] for row in times)) for i in range(len(layers))]
-
-    def warm(self, model_config, config, device: torch.device, micro: int | None = None) -> int:
+    def warm(self, model_config, config, device: torch.device, length: int, micro: int | None = None) -> int:
         """Warm-up steps of the first block (allocation, kernel choice: every block has the same
-        shapes): of one sequence, which chooses the micro-batch unless `micro` is given, then of the
-        micro-batch. Returns the micro-batch."""
+        shapes): of one sequence, which chooses the micro-batch unless `micro` is given, of the
+        micro-batch, and of the short sequences cost() times. Returns the micro-batch."""
         if micro is None:
-            micro = micro_batch(model_config, config, device, sum(self.step(1, layers=1)))
-            if micro == 1:
-                return micro                                  # that shape has run
-        self.step(micro, layers=1)
+            micro = micro_batch(model_config, config, device, sum(self.step(1, length, layers=1)))
+        if micro > 1:
+            self.step(micro, length, layers=1)
+        self.step(micro, min(SHORT_LENGTH, length), layers=1)
         return micro
+
+    def cost(self, batch: int, length: int, steps: int, layers: tuple[int, ...]) -> list[tuple[float, float]]:
+        """For each number of blocks in `layers`: (seconds of a step that do not depend on the
+        batch, seconds per token of a sequence), from the fastest of `steps` steps of `batch`
+        sequences at `length` tokens and at SHORT_LENGTH, all taken in turn so that other work on
+        the machine disturbs each alike. A step's fixed part (the optimiser; casting, clipping and
+        allocating the gradients of every weight) is what is left at no tokens; the rest is
+        per sequence."""
+        short = min(SHORT_LENGTH, length)
+        shapes = [(count, n) for n in (length, short) for count in layers]
+        runs, started = [], time.perf_counter()
+        while len(runs) < steps or (len(runs) < MOST_ROUNDS and time.perf_counter() - started < ROUND_SECONDS):
+            runs.append([self.step(batch, n, count) for count, n in shapes])
+        fastest = [(min(run[i][0] for run in runs), min(run[i][1] for run in runs)) for i in range(len(shapes))]
+        costs = []
+        for (long, optimizer), (brief, _) in zip(fastest[:len(layers)], fastest[len(layers):]):
+            per_token = max(0.0, long - brief) / (length - short) / batch if length > short else long / length / batch
+            costs.append((max(0.0, long - per_token * length * batch) + optimizer, per_token))
+        return costs
 
 
 def vocabulary_seconds(exp: Experiment, device: torch.device, steps: int = DRY_STEPS) -> tuple[float, float]:
-    """(seconds per sequence, seconds of the optimiser step) that the configured vocabulary adds to
-    PROBE_VOCAB's (the module doc): zero for a vocabulary no larger. Its work is per token (the
-    embedding, the output layer, the loss), so it is timed on sequences of at most VOCABULARY_LENGTH
-    tokens and scaled to the training length."""
+    """(seconds of a step that do not depend on the batch, seconds per token of a sequence) that
+    the configured vocabulary adds to PROBE_VOCAB's (the module doc): zero for a vocabulary no
+    larger. Its work per sequence is per token (the embedding, the output layer, the loss), so it
+    is timed on sequences of at most VOCABULARY_LENGTH tokens."""
     model_config = dataclasses.replace(exp.model, position="none", position_options={}, attention="auto",
                                        n_layers=1)
     if model_config.vocab_size <= memory.PROBE_VOCAB:
         return 0.0, 0.0
     config = dataclasses.replace(exp.train, position_lr_scale=1.0)
     length = min(model_config.train_length, VOCABULARY_LENGTH)
-    full = _Timer(model_config, config, device, 1, model_config.vocab_size, length)
-    micro = full.warm(model_config, config, device)
-    small = _Timer(model_config, config, device, 1, memory.PROBE_VOCAB, length)
-    small.warm(model_config, config, device, micro)
-    times = [(full.step(micro), small.step(micro)) for _ in range(steps)]   # in turn: disturbed alike
-    large, base = ((min(t[i][0] for t in times) / micro, min(t[i][1] for t in times)) for i in (0, 1))
-    per_sequence, per_step = (max(0.0, a - b) for a, b in zip(large, base))
-    return per_sequence * model_config.train_length / length, per_step
+    full = _Timer(model_config, config, device, 1, model_config.vocab_size)
+    micro = full.warm(model_config, config, device, length)
+    (large,) = full.cost(micro, length, steps, (1,))
+    del full
+    small = _Timer(model_config, config, device, 1, memory.PROBE_VOCAB)
+    small.warm(model_config, config, device, length, micro)
+    (base,) = small.cost(micro, length, steps, (1,))
+    fixed, per_token = (max(0.0, a - b) for a, b in zip(large, base))
+    return fixed, per_token
 
 
 def measure(spec: str, exp: Experiment, device: torch.device, steps: int = DRY_STEPS,
@@ -147,14 +158,14 @@ def measure(spec: str, exp: Experiment, device: torch.device, steps: int = DRY_S
     (see the module doc). `vocabulary`: vocabulary_seconds, when already measured for this run."""
     model_config = dataclasses.replace(exp.model, position=spec, attention=exp.train.attention)
     config = dataclasses.replace(exp.train, position_lr_scale=position_lr(spec, exp.train)[0])
-    layers = model_config.n_layers
+    layers, length = model_config.n_layers, model_config.train_length
     timer = _Timer(model_config, config, device, min(2, layers), min(model_config.vocab_size, memory.PROBE_VOCAB))
-    micro = timer.warm(model_config, config, device)
-    timed = timer.alternating(micro, steps, (None, 1) if layers > 1 else (None,))
-    two, one = timed[0], timed[-1]
+    micro = timer.warm(model_config, config, device, length)
+    timed = timer.cost(micro, length, steps, (1, 2) if layers > 1 else (1,))
+    one, two = timed[0], timed[-1]
     del timer
     vocabulary = vocabulary_seconds(exp, device, steps) if vocabulary is None else vocabulary
-    per_sequence, per_step = (a + (layers - 1) * max(0.0, b - a) + v for a, b, v in zip(one, two, vocabulary))
+    fixed, per_token = (a + (layers - 1) * max(0.0, b - a) + v for a, b, v in zip(one, two, vocabulary))
     have = memory.budget(device)
     need = memory.training_bytes(model_config, config.batch_size, config.precision)
     fits = None if have is None or need <= have else memory.largest_batch(model_config, config.precision, have,
@@ -163,7 +174,7 @@ def measure(spec: str, exp: Experiment, device: torch.device, steps: int = DRY_S
     return {"variant": spec, "params": params, "position_params": params - memory.parameter_count(
                 dataclasses.replace(model_config, position="none", position_options={})),
             "memory_bytes": need, "fits_batch": fits, "micro_batch": micro,
-            "seconds_per_step": per_sequence * config.batch_size + per_step}
+            "seconds_per_step": fixed + per_token * length * config.batch_size}
 
 
 def human_time(seconds: float) -> str:
