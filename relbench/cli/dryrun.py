@@ -210,8 +210,9 @@ def report(exp: Experiment, specs: list[str], seeds: list[int], device: torch.de
                   f"{m.vocab_size:,}, length {m.train_length}; {t.steps:,} steps x {t.batch_size} sequences = "
                   f"{tokens:,} tokens per run, {len(specs)} variant(s) x {len(seeds)} seed(s), {t.precision} on "
                   f"{device}; a step's time composed from each variant's model at one and two layers (x layers), the "
-                  f"vocabulary's share measured once, timed at a micro-batch (the fastest of {DRY_STEPS} steps after "
-                  f"a warm-up), forward and backward scaled to the batch of {t.batch_size} (x batch / micro-batch)")
+                  f"vocabulary's share measured once, each timed at a micro-batch (the fastest of at least {DRY_STEPS} "
+                  f"steps after a warm-up) at the training length and at {SHORT_LENGTH} tokens: the per-token work "
+                  f"scaled to the batch of {t.batch_size}, a step's fixed part added once (docs/configuration.md)")
     rows, total = [], 0.0
     vocabulary = vocabulary_seconds(exp, device)
     for spec in specs:
