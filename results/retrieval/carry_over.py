@@ -5,7 +5,8 @@ that `relbench train` trains them again.
 A run is kept when every training setting but the cap and the position learning-rate multipliers
 is the same, its own multiplier is the one the new preset gives its variant (or it has no position
 parameters, so that no multiplier plays a part), and it learned before its cap (at a constant rate
-the cap plays no part before the stop). config.json then records the new preset.
+the cap plays no part before the stop) or the cap is the same (a run that did not learn is then
+the new preset's run too). config.json then records the new preset.
 
     python results/retrieval/carry_over.py [results/retrieval]
 """
@@ -38,7 +39,8 @@ for folder in sorted((run / "checkpoints").iterdir()):
     summary = meta.get("summary", {})
     same_rate = summary.get("position_params") == 0 or summary.get("position_lr_scale") == position_lr(
         meta.get("variant", ""), new_train)[0]
-    if meta.get("finished") and summary.get("learned") and same_rate:
+    same_cap = old["train"].get("steps") == new["steps"]
+    if meta.get("finished") and (summary.get("learned") or same_cap) and same_rate:
         kept.append((meta["variant"], int(meta["seed"])))
     else:
         dropped.append(folder.name)
