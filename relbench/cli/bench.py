@@ -122,7 +122,9 @@ def announce(runs: list, device: str) -> None:
     for folder, exp, specs, seeds, _ in runs:
         probe = dataclasses.replace(exp, train=dataclasses.replace(
             exp.train, precision=resolve_precision(exp.train.precision, target)))
-        per_step = [dryrun.measure(spec, probe, target, steps=1)["seconds_per_step"] for spec in trained_variants(specs)]
+        vocabulary = dryrun.vocabulary_seconds(probe, target, steps=1)     # once per track, not per variant
+        per_step = [dryrun.measure(spec, probe, target, steps=1, vocabulary=vocabulary)["seconds_per_step"]
+                    for spec in trained_variants(specs)]
         total = sum(per_step) * exp.train.steps * len(seeds)
         what = (f"up to {exp.train.steps:,} steps each, stopping once {exp.train.task} accuracy at length "
                 f"{exp.model.train_length} holds {exp.train.criterion_accuracy:.0%}" if exp.train.criterion_accuracy > 0

@@ -98,12 +98,12 @@ class _Timer:
         finally:
             self.model.blocks = blocks
 
-    def warm(self, model_config, config, device: torch.device, length: int, micro: int | None = None) -> int:
+    def warm(self, model_config, length: int, micro: int | None = None) -> int:
         """Warm-up steps of the first block (allocation, kernel choice: every block has the same
         shapes): of one sequence, which chooses the micro-batch unless `micro` is given, of the
         micro-batch, and of the short sequences cost() times. Returns the micro-batch."""
         if micro is None:
-            micro = micro_batch(model_config, config, device, sum(self.step(1, length, layers=1)))
+            micro = micro_batch(model_config, self.config, self.device, sum(self.step(1, length, layers=1)))
         if micro > 1:
             self.step(micro, length, layers=1)
         self.step(micro, min(SHORT_LENGTH, length), layers=1)
@@ -141,11 +141,11 @@ def vocabulary_seconds(exp: Experiment, device: torch.device, steps: int = DRY_S
     config = dataclasses.replace(exp.train, position_lr_scale=1.0)
     length = min(model_config.train_length, VOCABULARY_LENGTH)
     full = _Timer(model_config, config, device, 1, model_config.vocab_size)
-    micro = full.warm(model_config, config, device, length)
+    micro = full.warm(model_config, length)
     (large,) = full.cost(micro, length, steps, (1,))
     del full
     small = _Timer(model_config, config, device, 1, memory.PROBE_VOCAB)
-    small.warm(model_config, config, device, length, micro)
+    small.warm(model_config, length, micro)
     (base,) = small.cost(micro, length, steps, (1,))
     fixed, per_token = (max(0.0, a - b) for a, b in zip(large, base))
     return fixed, per_token
@@ -160,7 +160,7 @@ def measure(spec: str, exp: Experiment, device: torch.device, steps: int = DRY_S
     config = dataclasses.replace(exp.train, position_lr_scale=position_lr(spec, exp.train)[0])
     layers, length = model_config.n_layers, model_config.train_length
     timer = _Timer(model_config, config, device, min(2, layers), min(model_config.vocab_size, memory.PROBE_VOCAB))
-    micro = timer.warm(model_config, config, device, length)
+    micro = timer.warm(model_config, length)
     timed = timer.cost(micro, length, steps, (1, 2) if layers > 1 else (1,))
     one, two = timed[0], timed[-1]
     del timer
@@ -170,10 +170,9 @@ def measure(spec: str, exp: Experiment, device: torch.device, steps: int = DRY_S
     need = memory.training_bytes(model_config, config.batch_size, config.precision)
     fits = None if have is None or need <= have else memory.largest_batch(model_config, config.precision, have,
                                                                           config.batch_size)
-    params = memory.parameter_count(model_config)
-    return {"variant": spec, "params": params, "position_params": params - memory.parameter_count(
-                dataclasses.replace(model_config, position="none", position_options={})),
-            "memory_bytes": need, "fits_batch": fits, "micro_batch": micro,
+    return {"variant": spec, "params": memory.parameter_count(model_config),
+            "position_params": memory.parameter_count(model_config, positions_only=True), "memory_bytes": need,
+            "fits_batch": fits, "micro_batch": micro,
             "seconds_per_step": fixed + per_token * length * config.batch_size}
 
 

@@ -77,11 +77,12 @@ def human(n: float) -> str:
     return f"{n / 2**10:,.0f} KB"
 
 
-def parameter_count(model: ModelConfig) -> int:
-    """Exactly the number of parameters `GPT(model)` has, counted without allocating its weights:
-    the tied token embedding and the final norm, `n_layers` blocks, and the position module (one for
-    the model, or one per layer where the variant's class is not `shared_across_layers`), the block
-    and the position module built on the meta device (shapes, no storage)."""
+def parameter_count(model: ModelConfig, positions_only: bool = False) -> int:
+    """Exactly the number of parameters `GPT(model)` has (`GPT.n_params(positions_only)`), counted
+    without allocating its weights: the tied token embedding and the final norm, `n_layers` blocks,
+    and the position module (one for the model, or one per layer where the variant's class is not
+    `shared_across_layers`), the block and the position module built on the meta device (shapes, no
+    storage)."""
     from relbench import positions
     from relbench.model import Block
 
@@ -90,12 +91,14 @@ def parameter_count(model: ModelConfig) -> int:
     shape = {"n_heads": model.n_heads, "head_dim": model.head_dim, "d_model": model.d_model,
              "train_length": model.train_length}
     with torch.device("meta"):
-        block = sum(p.numel() for p in Block(model).parameters())
-    with torch.device("meta"):
         enc = positions.build(name, **shape, **options)
-    copies = 1 if enc.shared_across_layers else model.n_layers
+    own = (1 if enc.shared_across_layers else model.n_layers) * enc.n_params()
+    if positions_only:
+        return own
+    with torch.device("meta"):
+        block = sum(p.numel() for p in Block(model).parameters())
     d = model.d_model
-    return model.vocab_size * d + model.n_layers * block + 2 * d + copies * enc.n_params()
+    return model.vocab_size * d + model.n_layers * block + 2 * d + own
 
 
 def model_bytes(model: ModelConfig) -> int:
