@@ -1,3 +1,4 @@
 from relbench.cli import main
 
-main()
+if __name__ == "__main__":   # a spawned child process (relbench/training/jobs.py) imports this module too
+    main()

@@ -12,6 +12,7 @@ notice ("survived") is a gap in the tests.
     python tests/mutation_check.py -k forms     # evaluation forms (PI, NTK, YaRN, logn, table forms)
     python tests/mutation_check.py -k finetune  # fine-tuning to the target length (relbench finetune)
     python tests/mutation_check.py -k mqar      # multi-query associative recall (trials, weights, rows)
+    python tests/mutation_check.py -k jobs      # training runs side by side (relbench train --jobs)
     python tests/mutation_check.py -k reach     # training to criterion, reach over learned seeds, context use
 
 Not collected by pytest (its name does not start with test_); it takes a few minutes.
@@ -43,6 +44,7 @@ FINETUNE = ["tests/test_finetune.py"]
 MQAR = ["tests/test_mqar.py"]
 REACH = ["tests/test_criterion.py", "tests/test_reach.py", "tests/test_bench.py"]
 PLUGINS = ["tests/test_plugins.py", "tests/test_contract.py"]
+JOBS = ["tests/test_jobs.py"]
 MUTATIONS = [
     ("bias sign flipped on the reference path", "relbench/attention/__init__.py",
      "scores = scores + plan.full().to(scores.dtype)", "scores = scores - plan.full().to(scores.dtype)"),
@@ -297,6 +299,15 @@ MUTATIONS = [
     ("dry run: a step's fixed cost (optimiser, per-weight work) scaled with the batch", "relbench/cli/dryrun.py",
      "fixed + per_token * length * config.batch_size", "(fixed + per_token * length) * config.batch_size",
      [CONFIG + "test_the_dry_run_composes_a_step_from_one_and_two_layers_the_vocabulary_and_the_batch"]),
+    ("jobs: the parent never passes a signal on to its side-by-side runs", "relbench/training/jobs.py",
+     "            _signal(process, signal.SIGTERM)\n        try:", "            pass\n        try:", JOBS),
+    ("jobs: a child that died is not reported", "relbench/training/jobs.py",
+     "                errors.append((\"error\", what))", "                pass", JOBS),
+    ("jobs: every side-by-side run trains seed 0", "relbench/training/jobs.py",
+     "outcome = train_pair(pair, model_config,",
+     "import dataclasses; outcome = train_pair(dataclasses.replace(pair, config=dataclasses.replace(pair.config, seed=0)), "
+     "model_config,",
+     JOBS),
 ]
 
 

@@ -30,6 +30,7 @@ from relbench.cli.common import (
     Stream,
     TokenizerName,
     TrainAttention,
+    TrainJobs,
     Variants,
     all_variants,
     app,
@@ -77,12 +78,14 @@ def train_command(
                                           "seconds per step measured over a few steps, and the projected wall "
                                           "time; then exit without training or writing anything.")] = False,
     plugin: PluginFiles = None,
+    jobs: TrainJobs = "1",
 ) -> None:
     """Train one small causal LM per variant, with the same seed, data order and batches.
 
     Example: relbench train --variants xl t5 alibi --preset quick --tokenizer bpe:4096
              relbench train --config experiment.toml --steps 800      (options override the file)
              relbench train --preset paper --variants alibi --dry-run
+             relbench train --preset retrieval --jobs auto   (one run per core, side by side)
     """
     use_plugins(plugin)
     exp, specs, seeds = command_experiment(
@@ -94,7 +97,7 @@ def train_command(
     if dry_run:
         return dry_run_experiment(exp, specs, seeds, device)
     with results.RunLock(run_dir):
-        train_runs(run_dir, exp, specs, seeds, device, force, log)
+        train_runs(run_dir, exp, specs, seeds, device, force, log, jobs)
 
 
 @app.command("tune-lr")

@@ -20,12 +20,14 @@ from relbench.cli.common import (
     Preset,
     RunDir,
     TokenizerName,
+    TrainJobs,
     Variants,
     app,
     command_experiment,
     console,
     position_lr_overrides,
     resolve_device,
+    resolve_jobs,
     trained_variants,
     use_plugins,
 )
@@ -61,6 +63,7 @@ def bench_command(
     tokenizer: TokenizerName = None,
     max_train_tokens: MaxTrainTokens = None,
     plugin: PluginFiles = None,
+    jobs: TrainJobs = "auto",
 ) -> None:
     """Train, extrapolate and report in one go (default: both tracks on the embedded corpus).
 
@@ -101,10 +104,10 @@ def bench_command(
                              f"preset (task passkey or mqar), e.g. --preset {RETRIEVAL_PRESET}")
         runs.append((Path(run_dir) if own else Path(run_dir) / RETRIEVAL_TRACK, rexp, rspecs, rseeds,
                      read_file(file).get("eval") if file is not None else None))
-    announce(runs, device)
+    announce(runs, device, jobs)
     for folder, exp, specs, seeds, evals in runs:
         with results.RunLock(folder):
-            train_runs(folder, exp, trained_variants(specs), seeds, device, False, log)
+            train_runs(folder, exp, trained_variants(specs), seeds, device, False, log, jobs)
             extrapolate_runs(folder, lengths if exp.train.task == "lm" or track == "retrieval" else None, specs, "auto",
                          None, device, seeds, eval_overrides=evals)
     for folder, *_ in reversed(runs):   # the retrieval track first: the language-model report reads it
@@ -112,27 +115,40 @@ def bench_command(
             report_run(folder)
 
 
-def announce(runs: list, device: str) -> None:
+def announce(runs: list, device: str, jobs: str = "1") -> None:
     """Print what each track will train and its expected training time, from one step of each of its
     variants measured on this machine now (a retrieval run trained to criterion stops early; its cap
-    is the upper bound)."""
+    is the upper bound). With runs side by side (--jobs), each step is measured at a run's share of
+    the threads and the sum divided among the jobs (uneven runs and shared memory bandwidth make it
+    a rough figure)."""
+    import torch
+
     from relbench.cli import dryrun
+    from relbench.training.jobs import threads_per_job
 
     target = resolve_device(device)
     for folder, exp, specs, seeds, _ in runs:
         probe = dataclasses.replace(exp, train=dataclasses.replace(
             exp.train, precision=resolve_precision(exp.train.precision, target)))
-        vocabulary = dryrun.vocabulary_seconds(probe, target, steps=1)     # once per track, not per variant
-        per_step = [dryrun.measure(spec, probe, target, steps=1, vocabulary=vocabulary)["seconds_per_step"]
-                    for spec in trained_variants(specs)]
-        total = sum(per_step) * exp.train.steps * len(seeds)
+        trained = trained_variants(specs)
+        side_by_side = min(resolve_jobs(jobs, trained, probe.model, probe.train, target), len(trained) * len(seeds))
+        threads = torch.get_num_threads()
+        torch.set_num_threads(threads_per_job(side_by_side) if side_by_side > 1 else threads)
+        try:
+            vocabulary = dryrun.vocabulary_seconds(probe, target, steps=1)     # once per track, not per variant
+            per_step = [dryrun.measure(spec, probe, target, steps=1, vocabulary=vocabulary)["seconds_per_step"]
+                        for spec in trained]
+        finally:
+            torch.set_num_threads(threads)
+        total = sum(per_step) * exp.train.steps * len(seeds) / side_by_side
         what = (f"up to {exp.train.steps:,} steps each, stopping once {exp.train.task} accuracy at length "
                 f"{exp.model.train_length} holds {exp.train.criterion_accuracy:.0%}" if exp.train.criterion_accuracy > 0
                 else f"{exp.train.steps:,} steps each")
         bound = "at most " if exp.train.criterion_accuracy > 0 else "about "
         console.print(f"{'retrieval' if exp.train.task != 'lm' else 'language-model'} track (preset {exp.preset}, "
                       f"{folder}): {len(per_step)} variant(s) x {len(seeds)} seed(s), {what}; expected training "
-                      f"{bound}{dryrun.human_time(total)} on {target} (one step of each variant measured now), then "
+                      f"{bound}{dryrun.human_time(total)} on {target} (one step of each variant measured now"
+                      f"{f', {side_by_side} runs side by side' if side_by_side > 1 else ''}), then "
                       f"evaluation", markup=False)
 
 

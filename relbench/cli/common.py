@@ -55,6 +55,39 @@ PositionLR = Annotated[str | None, typer.Option(help="Learning-rate multiplier o
                                                 "sweep (per variant). Default: the preset's tuned multipliers; a "
                                                 "variant's own option wins (xl:position_lr_scale=10).")]
 
+JOBS_HELP = ("Training runs side by side on a CPU, each in a process of its own with an equal share of the "
+             "threads (the same weights as alone at that thread count): a number, or auto (as many as the threads "
+             "this process may use, the runs to train and the memory allow; 1 on a GPU).")
+TrainJobs = Annotated[str, typer.Option("--jobs", help=JOBS_HELP)]
+
+
+def resolve_jobs(jobs: str, specs: list[str], model: ModelConfig, train: TrainConfig, device: torch.device) -> int:
+    """--jobs as a number of side-by-side runs: a positive number, or `auto`. More than one needs a CPU
+    and one process (not torchrun); each run then holds its own model and batch, so the memory for
+    all of them is checked here, before any work (auto takes as many as fit)."""
+    text = str(jobs).strip().lower()
+    if text != "auto" and not (text.isdigit() and int(text) > 0):
+        raise UsageError(f"--jobs must be a positive number or auto, got {jobs!r}")
+    alone = device.type != "cpu" or distributed.world() > 1
+    if text == "auto" and alone:
+        return 1
+    wanted = torch.get_num_threads() if text == "auto" else int(text)
+    if wanted > 1 and alone:
+        where = "under torchrun" if distributed.world() > 1 else f"on {device}"
+        raise UsageError(f"--jobs {wanted} trains runs side by side on a CPU; {where} use --jobs 1")
+    if wanted == 1:
+        return 1
+    one = memory.model_bytes(model) + max(memory.training_bytes(dataclasses.replace(
+        model, position=spec, attention=train.attention), train.batch_size, train.precision) for spec in specs)
+    have = memory.budget(device)
+    if text == "auto":
+        return max(1, min(wanted, have // one)) if have is not None else wanted
+    fits = max(1, have // one) if have is not None else wanted
+    memory.require(one * wanted, device, f"training {wanted} runs side by side (--jobs {wanted})",
+                   f"--jobs {fits} fits" if fits > 1 else "use --jobs 1")
+    return wanted
+
+
 TokenizerName = Annotated[str | None, typer.Option("--tokenizer", help="bytes (raw UTF-8, vocabulary 256), bpe:N (a "
                                                    "byte-level BPE of N tokens trained on the train split, cached; "
                                                    "e.g. bpe:4096), or a byte-level hub tokenizer such as gpt2. The "

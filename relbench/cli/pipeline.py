@@ -13,6 +13,7 @@ from relbench.cli.common import (
     check_variant_backend,
     console,
     resolve_device,
+    resolve_jobs,
     unique,
 )
 from relbench.config import EvalConfig, Experiment, ModelConfig, resolve_precision
@@ -24,7 +25,7 @@ from relbench.runs import checkpoints, distributed, results, tracking
 
 
 def train_runs(run_dir: Path, exp: Experiment, specs: list[str], seeds: list[int], device: str, force: bool,
-           log: str = "none") -> dict[str, Any]:
+           log: str = "none", jobs: str = "1") -> dict[str, Any]:
     from relbench.data import load_data
     from relbench.training.train import train_run
 
@@ -38,12 +39,13 @@ def train_runs(run_dir: Path, exp: Experiment, specs: list[str], seeds: list[int
     splits = load_data(exp.data, console)
     exp.model.vocab_size = splits.tokenizer.vocab_size   # the model's vocabulary follows the tokenizer
     check_training_memory(specs, model_config, train_config, exp.preset, target)
+    side_by_side = resolve_jobs(jobs, specs, model_config, train_config, target)
     run_config = distributed.on_main(results.record_run, run_dir, results.run_config(exp, specs, seeds, splits), specs,
                                      seeds, target, exp.description)
     console.print(f"training {len(specs)} variant(s) x {len(seeds)} seed(s) on {splits.description}: "
                   f"{splits.sizes()['train']:,} train tokens; run directory {run_dir}"
                   + (f"; {distributed.world()} processes" if distributed.world() > 1 else ""))
-    train_run(Path(run_dir), specs, seeds, run_config, splits, target, force, console, logger)
+    train_run(Path(run_dir), specs, seeds, run_config, splits, target, force, console, logger, side_by_side)
     return run_config
 
 

@@ -31,13 +31,14 @@ def _tensor_bytes(obj: Any) -> bytes:
     return buffer.getvalue()
 
 
-def _cpu_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().cpu() for k, v in module.state_dict().items()}
+def _cpu_state(module: torch.nn.Module | dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    state = module if isinstance(module, dict) else module.state_dict()
+    return {k: v.detach().cpu() for k, v in state.items()}
 
 
-def save_checkpoint(folder: Path, model: torch.nn.Module, meta: dict[str, Any]) -> None:
-    """Weights and meta.json, each written atomically; meta last and carrying the weights' sha256,
-    so a checkpoint whose meta says finished always has exactly those weights."""
+def save_checkpoint(folder: Path, model: torch.nn.Module | dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+    """Weights (a model, or its state dict) and meta.json, each written atomically; meta last and
+    carrying the weights' sha256, so a checkpoint whose meta says finished always has exactly those weights."""
     data = _tensor_bytes(_cpu_state(model))
     atomic_write_bytes(Path(folder) / MODEL_FILE, data)
     write_json(Path(folder) / META_FILE, {**meta, "sha256": sha256_bytes(data)})

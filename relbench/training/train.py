@@ -217,78 +217,130 @@ def expected_time_message(seconds_per_step: float, steps_left: int, runs_left: i
 
 def train_run(run_dir: Path, specs: list[str], seeds: list[int], run_config: dict[str, Any], splits: Splits,
               device: torch.device, force: bool, console: Console,
-              logger: tracking.TensorBoard | None = None) -> list[dict[str, Any]]:
+              logger: tracking.TensorBoard | None = None, jobs: int = 1) -> list[dict[str, Any]]:
     """Train every variant in `specs` once per seed, skipping those with a finished checkpoint (unless
     `force`), and save each checkpoint and loss curve as soon as it finishes. Seeds run in order,
     every variant per seed. Ctrl-C or SIGTERM saves a resumable state and stops (see StopRequest); a
     variant whose loss stops being finite keeps its last good state and the others go on. Under
     torchrun rank 0 reads the checkpoints and writes every file; the others learn what it read.
-    `logger`: a tracker (relbench.runs.tracking) that mirrors the loss curves."""
+    `logger`: a tracker (relbench.runs.tracking) that mirrors the loss curves. `jobs` > 1 (CPU, one
+    process): that many runs train side by side, each in a process of its own (relbench/training/jobs.py)
+    with the same weights and curve as alone at its thread count; this process writes every file."""
     model_config = ModelConfig(**run_config["model"])
     base = TrainConfig(**run_config["train"])
     for spec in specs:  # fail on a bad variant or option before any training starts
         positions.build_spec(spec, **model_config.position_shape)
-    summaries, failures = [], []
-    todo = distributed.on_main(lambda: sum(1 for seed in seeds for spec in specs if force or not (
-        checkpoints.read_meta(results.checkpoint_dir(run_dir, spec, seed)) or {}).get("finished")))
+    summaries, failures, todo = [], [], []
+    for seed in seeds:
+        for spec in specs:
+            label = spec if len(seeds) == 1 else f"{spec} seed {seed}"
+            folder = results.checkpoint_dir(run_dir, spec, seed)
+            meta = distributed.on_main(checkpoints.read_meta, folder)
+            if meta and meta.get("finished") and not force:
+                console.print(f"{label}: already trained ({folder}); --force trains it again", markup=False)
+                summaries.append(meta["summary"])
+                continue
+            if force and meta is not None and distributed.is_main():
+                (folder / checkpoints.RESUME_FILE).unlink(missing_ok=True)
+            todo.append(Pair(spec, seed, label, folder, dataclasses.replace(base, seed=seed)))
+    apart = jobs > 1 and len(todo) > 1
     closing = contextlib.closing(logger) if logger is not None else contextlib.nullcontext()
-    with StopRequest() as stop, make_progress(console) as progress, closing:
-        def pace(seconds_per_step: float, spec: str = "") -> None:
-            progress.console.print(expected_time_message(seconds_per_step, todo * base.steps, todo, spec,
-                                                         base.criterion_accuracy > 0), markup=False)
+    with closing:
+        if apart:
+            from relbench.training import jobs as side_by_side
 
-        paced = False
-        for seed in seeds:
-            train_config = dataclasses.replace(base, seed=seed)
-            for spec in specs:
-                label = spec if len(seeds) == 1 else f"{spec} seed {seed}"
-                folder = results.checkpoint_dir(run_dir, spec, seed)
-                meta = distributed.on_main(checkpoints.read_meta, folder)
-                if meta and meta.get("finished") and not force:
-                    progress.console.print(f"{label}: already trained ({folder}); --force trains it again")
-                    summaries.append(meta["summary"])
+            outcomes = side_by_side.train_pairs(todo, min(jobs, len(todo)), model_config, splits, device, console)
+        else:
+            outcomes = train_in_turn(todo, model_config, base, splits, device, console, logger)
+        with contextlib.closing(outcomes) as runs:   # an error writing one ends the runs still going first
+            for pair, outcome in runs:
+                if outcome["status"] == "diverged":
+                    failures.append(outcome["message"])
                     continue
-                if force and meta is not None and distributed.is_main():
-                    (folder / checkpoints.RESUME_FILE).unlink(missing_ok=True)
-                try:
-                    model, rows, summary = train_variant(
-                        spec, model_config, train_config, splits, device, progress, folder, stop,
-                        None if paced else (lambda s, spec=spec: pace(s, spec)), logger and logger.row)
-                    paced = True
-                except (RuntimeError, MemoryError) as error:
-                    if not is_out_of_memory(error):
-                        raise
-                    raise RelbenchError(
-                        f"out of memory training {label} at {distributed.batch_text(train_config.batch_size)} x --train-length "
-                        f"{model_config.train_length} on {device}; finished variants and the last resumable state of "
-                        f"this one are kept in {run_dir}; use a smaller --batch-size or --train-length") from None
-                except Diverged as error:
-                    message = (f"{label} diverged ({error}); its last good state is kept in {folder}; "
-                               f"try a lower --lr, or --force to start it again")
-                    if distributed.is_main():
-                        checkpoints.write_status(folder, {"variant": spec, "seed": seed, "finished": False,
-                                                          "status": "diverged", "message": message})
-                    progress.console.print(message, markup=False)
-                    failures.append(message)
-                    continue
-                model.config.attention = "auto"  # the backend is a runtime choice, not part of the model
-                meta = {"variant": spec, "seed": seed, "finished": True, "status": "finished", "summary": summary,
-                        "model": to_dict(model.config), "data": run_config["data"],
-                        "tokenizer": splits.tokenizer.name, "tokenizer_fingerprint": splits.tokenizer.fingerprint,
-                        "train": to_dict(dataclasses.replace(train_config, position_lr_scale=summary["position_lr_scale"]))}
-                own = plugins.records_for([spec])
-                if own:   # a scheme from the user's own file: which file, which bytes
-                    meta["plugin"] = own[0]
-                if distributed.is_main():
-                    append_rows(Path(run_dir) / results.TRAIN_CSV, spec, seed, rows)
-                    checkpoints.save_checkpoint(folder, model, meta)
-                progress.console.print(f"{label}: validation loss {summary['val_loss']:.4f} after {summary['steps']} "
-                                       f"steps, {summary['train_seconds']:.0f} s, {summary['tokens_per_s']:,.0f} tokens/s"
-                                       + learned_text(summary), markup=False)
-                summaries.append(summary)
+                if logger is not None and apart:   # alone, the rows reached it as they were logged
+                    for row in outcome["rows"]:
+                        logger.row(row)
+                summaries.append(finish_pair(run_dir, pair, outcome, run_config, splits, console))
     if failures:
         raise RelbenchError(f"{len(failures)} training run(s) diverged, the others finished: " + " | ".join(failures))
     return summaries
+
+
+@dataclasses.dataclass(frozen=True)
+class Pair:
+    """One training run of a `relbench train`: a variant, a seed, its label and folder, its settings."""
+    spec: str
+    seed: int
+    label: str
+    folder: Path
+    config: TrainConfig
+
+
+def train_in_turn(todo: list[Pair], model_config: ModelConfig, base: TrainConfig, splits: Splits,
+                  device: torch.device, console: Console, logger: tracking.TensorBoard | None):
+    """Yield (pair, outcome) for each run of `todo`, trained one after another in this process,
+    with a progress bar and, after the first run's first steps, the expected time of the rest."""
+    with StopRequest() as stop, make_progress(console) as progress:
+        def pace(seconds_per_step: float, spec: str = "") -> None:
+            progress.console.print(expected_time_message(seconds_per_step, len(todo) * base.steps, len(todo), spec,
+                                                         base.criterion_accuracy > 0), markup=False)
+
+        for index, pair in enumerate(todo):
+            on_pace = (lambda s, spec=pair.spec: pace(s, spec)) if index == 0 else None
+            yield pair, train_pair(pair, model_config, splits, device, progress, stop, on_pace,
+                                   logger and logger.row)
+
+
+def train_pair(pair: Pair, model_config: ModelConfig, splits: Splits, device: torch.device,
+               progress: Progress | None, stop: StopRequest | None,
+               on_pace: Callable[[float], None] | None = None,
+               on_row: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Train one run: {"status": "finished", "model", "rows", "summary"}, or {"status": "diverged",
+    "message"} with the run's last good state kept in its folder. Out of memory is an error naming
+    what fits; a stop request raises Interrupted after saving where it was."""
+    try:
+        model, rows, summary = train_variant(pair.spec, model_config, pair.config, splits, device, progress,
+                                             pair.folder, stop, on_pace, on_row)
+    except (RuntimeError, MemoryError) as error:
+        if not is_out_of_memory(error):
+            raise
+        raise RelbenchError(
+            f"out of memory training {pair.label} at {distributed.batch_text(pair.config.batch_size)} x --train-length "
+            f"{model_config.train_length} on {device}; finished variants and the last resumable state of "
+            f"this one are kept in {pair.folder.parent.parent}; use a smaller --batch-size or --train-length") from None
+    except Diverged as error:
+        message = (f"{pair.label} diverged ({error}); its last good state is kept in {pair.folder}; "
+                   f"try a lower --lr, or --force to start it again")
+        if distributed.is_main():
+            checkpoints.write_status(pair.folder, {"variant": pair.spec, "seed": pair.seed, "finished": False,
+                                                   "status": "diverged", "message": message})
+        if progress is not None:
+            progress.console.print(message, markup=False)
+        return {"status": "diverged", "message": message}
+    model.config.attention = "auto"  # the backend is a runtime choice, not part of the model
+    return {"status": "finished", "model": model, "rows": rows, "summary": summary}
+
+
+def finish_pair(run_dir: Path, pair: Pair, outcome: dict[str, Any], run_config: dict[str, Any], splits: Splits,
+                console: Console) -> dict[str, Any]:
+    """Write a finished run: its loss curve into train.csv, then its checkpoint (weights and meta,
+    the meta last), and print its line; returns its summary."""
+    summary, model = outcome["summary"], outcome["model"]
+    model_dict = outcome.get("model_config") or to_dict(model.config)
+    meta = {"variant": pair.spec, "seed": pair.seed, "finished": True, "status": "finished", "summary": summary,
+            "model": model_dict, "data": run_config["data"],
+            "tokenizer": splits.tokenizer.name, "tokenizer_fingerprint": splits.tokenizer.fingerprint,
+            "train": to_dict(dataclasses.replace(pair.config, position_lr_scale=summary["position_lr_scale"]))}
+    own = plugins.records_for([pair.spec])
+    if own:   # a scheme from the user's own file: which file, which bytes
+        meta["plugin"] = own[0]
+    if distributed.is_main():
+        append_rows(Path(run_dir) / results.TRAIN_CSV, pair.spec, pair.seed, outcome["rows"])
+        checkpoints.save_checkpoint(pair.folder, model, meta)
+    console.print(f"{pair.label}: validation loss {summary['val_loss']:.4f} after {summary['steps']} "
+                  f"steps, {summary['train_seconds']:.0f} s, {summary['tokens_per_s']:,.0f} tokens/s"
+                  + learned_text(summary), markup=False)
+    return summary
 
 
 def append_rows(path: Path, spec: str, seed: int, rows: list[dict[str, Any]]) -> None:

@@ -1,0 +1,181 @@
+"""Several training runs side by side on one CPU (`relbench train --jobs N`, `relbench bench`).
+
+The models relbench trains on a laptop are small: at one thread a run of the retrieval preset keeps
+a core busy, and two threads on one run buy far less than a second run on the second core does
+(benchmarks/jobs.py measures it). So with N jobs, N runs train at once, each in a process of its
+own (spawned, not forked: a fork of a process whose OpenMP pool has run can hang) with the
+process's threads divided among them. A run's batches and initialisation depend on its seed alone,
+so its weights and loss curve are those it gets trained alone at the same thread count.
+
+This process stays the only writer of the run directory: a child trains, saves its resumable
+state in its own checkpoint folder as training alone does, and sends its weights, loss curve and
+summary back; the parent writes train.csv and the checkpoint in the order runs finish. A signal
+(Ctrl-C, SIGTERM) reaches the parent, which passes one SIGTERM to every child: each stops after
+its step, saves where it was, and the command ends with "interrupted:" (run it again to resume).
+A child that dies (killed, out of memory) loses only its own run's last steps since its last
+resumable save; the others finish and are written.
+"""
+
+from __future__ import annotations
+
+import io
+import multiprocessing
+import os
+import queue
+import signal
+import time
+import traceback
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from rich.console import Console
+
+from relbench.config import ModelConfig, to_dict
+from relbench.data import Splits
+from relbench.errors import RelbenchError, one_line
+from relbench.training.stopping import Interrupted, StopRequest
+
+POLL_SECONDS = 0.2
+STOP_SECONDS = 60   # how long a closed schedule waits for its children to save and exit
+
+
+def threads_per_job(jobs: int) -> int:
+    """The threads each of `jobs` side-by-side runs gets: this process's share, at least one."""
+    return max(1, torch.get_num_threads() // max(1, jobs))
+
+
+def train_pairs(todo: list, jobs: int, model_config: ModelConfig, splits: Splits, device: torch.device,
+                console: Console) -> Iterator[tuple[Any, dict[str, Any]]]:
+    """Yield (pair, outcome) for every run of `todo` (relbench.training.train.Pair) as it finishes,
+    `jobs` at a time, each in a child process; outcomes as train.train_pair's, the model as its
+    state dict (with "model_config"). Raises Interrupted after every child has saved on a signal,
+    and RelbenchError for a child that failed, once the others have finished."""
+    from relbench.positions import plugins
+
+    context = multiprocessing.get_context("spawn")
+    results: multiprocessing.Queue = context.Queue()
+    threads = threads_per_job(jobs)
+    files = [p.path for p in plugins.loaded() if p.path]
+    pending, running, errors = list(enumerate(todo)), {}, []
+    console.print(f"training {len(todo)} run(s), {jobs} side by side, each in its own process with {threads} "
+                  f"thread(s)", markup=False)
+    with StopRequest() as stop:
+        try:
+            yield from _schedule(pending, running, errors, jobs, stop, context, results, model_config, splits,
+                                 device, threads, files, console)
+        finally:   # closed early (an error writing a finished run): the others stop and save where they are
+            for _, process in running.values():
+                _signal(process, signal.SIGTERM)
+            deadline = time.monotonic() + STOP_SECONDS
+            while any(process.is_alive() for _, process in running.values()) and time.monotonic() < deadline:
+                try:   # a child that sent its outcome exits once the pipe is read; nothing more is written
+                    results.get(timeout=POLL_SECONDS)
+                except queue.Empty:
+                    pass
+    if stop.signum:
+        stopped = [text for kind, text in errors if kind == "interrupted"]
+        raise Interrupted(f"interrupted: {len(stopped)} run(s) stopped and saved where they were "
+                          f"({'; '.join(stopped) or 'none was running'}); run the same command again to resume",
+                          stop.signum)
+    failed = [text for kind, text in errors if kind == "error"]
+    if failed:
+        raise RelbenchError(f"{len(failed)} training run(s) failed, the others finished and are kept: "
+                            + " | ".join(failed))
+
+
+def _schedule(pending: list, running: dict, errors: list, jobs: int, stop: StopRequest, context, results,
+              model_config: ModelConfig, splits: Splits, device: torch.device, threads: int, files: list[str],
+              console: Console) -> Iterator[tuple[Any, dict[str, Any]]]:
+    """Start runs as places free up, pass a stop request on once, and yield each finished outcome;
+    `running` and `errors` are the caller's, so that it can stop what is still going."""
+    forwarded = False
+    while pending or running:
+        while pending and len(running) < jobs and not stop.signum:
+            index, pair = pending.pop(0)
+            process = context.Process(target=_child, daemon=True, name=f"relbench-{pair.label}",
+                                      args=(results, index, pair, model_config, splits, str(device), threads, files))
+            process.start()
+            running[index] = (pair, process)
+            console.print(f"{pair.label}: started", markup=False)
+        if stop.signum and not forwarded:   # one SIGTERM each: stop after this step, save, report
+            forwarded = True
+            pending.clear()
+            for _, process in running.values():
+                _signal(process, signal.SIGTERM)
+        try:
+            message = results.get(timeout=POLL_SECONDS)
+        except queue.Empty:
+            message = None
+        if message is not None:
+            index, kind, payload = message
+            if kind == "line":
+                console.print(payload, markup=False)
+                continue
+            pair, process = running.pop(index)
+            process.join()
+            if kind == "outcome":
+                if payload["status"] == "finished":
+                    payload["model"] = torch.load(io.BytesIO(payload["model"]), weights_only=True)
+                yield pair, payload
+            elif kind == "interrupted":
+                errors.append(("interrupted", payload))
+            else:
+                console.print(f"{pair.label}: {payload}", markup=False)
+                errors.append(("error", f"{pair.label}: {payload}"))
+            continue
+        for index, (pair, process) in list(running.items()):   # a child gone without a word
+            if process.exitcode is not None and results.empty():
+                time.sleep(POLL_SECONDS)          # what it sent just before exiting may still be in the pipe
+                if not results.empty():
+                    break
+                running.pop(index)
+                what = f"{pair.label}: its process ended with exit code {process.exitcode} before it finished; " \
+                       f"its last resumable state is kept in {pair.folder}: run the same command again to resume"
+                console.print(what, markup=False)
+                errors.append(("error", what))
+
+
+def _signal(process, signum: int) -> None:
+    try:
+        os.kill(process.pid, signum)
+    except (ProcessLookupError, TypeError):   # already gone (or never started)
+        pass
+
+
+def _child(results, index: int, pair, model_config: ModelConfig, splits: Splits, device: str, threads: int,
+           files: list[str]) -> None:
+    """One run in a child process: (index, "outcome", outcome), (index, "interrupted", where it
+    stopped) or (index, "error", one line); (index, "line", text) for progress on the way."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C reaches the parent, which passes it on once
+    torch.set_num_threads(threads)
+    try:
+        from relbench.positions import plugins
+        from relbench.training.train import train_pair
+
+        plugins.load_installed()
+        plugins.load_files(files)
+        every = max(pair.config.eval_every, pair.config.steps // 10)
+
+        def on_row(row: dict[str, Any]) -> None:
+            if row["step"] % every == 0:
+                accuracy = row["val_accuracy"]
+                shown = f", validation accuracy {accuracy:.0%}" if accuracy == accuracy else ""
+                results.put((index, "line", f"{pair.label}: step {row['step']:,} of {pair.config.steps:,}, "
+                                            f"train loss {row['train_loss']:.3f}{shown}"))
+
+        with StopRequest() as stop:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            outcome = train_pair(pair, model_config, splits, torch.device(device), None, stop, None, on_row)
+        if outcome["status"] == "finished":
+            model = outcome["model"]
+            weights = io.BytesIO()   # as bytes: torch's own pickling of tensors shares them through the
+            torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, weights)  # child's fds
+            outcome = {**outcome, "model": weights.getvalue(), "model_config": to_dict(model.config)}
+        results.put((index, "outcome", outcome))
+    except Interrupted as error:
+        results.put((index, "interrupted", f"{pair.label}: {str(error).removeprefix('interrupted: ')}"))
+    except RelbenchError as error:
+        results.put((index, "error", str(error)))
+    except BaseException:
+        results.put((index, "error", one_line(traceback.format_exc().strip().splitlines()[-1])))
