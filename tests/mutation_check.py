@@ -45,6 +45,7 @@ MQAR = ["tests/test_mqar.py"]
 REACH = ["tests/test_criterion.py", "tests/test_reach.py", "tests/test_bench.py"]
 PLUGINS = ["tests/test_plugins.py", "tests/test_contract.py"]
 JOBS = ["tests/test_jobs.py"]
+SUMMARIES = ["tests/test_summaries.py"]
 MUTATIONS = [
     ("bias sign flipped on the reference path", "relbench/attention/__init__.py",
      "scores = scores + plan.full().to(scores.dtype)", "scores = scores - plan.full().to(scores.dtype)"),
@@ -308,6 +309,10 @@ MUTATIONS = [
      "import dataclasses; outcome = train_pair(dataclasses.replace(pair, config=dataclasses.replace(pair.config, seed=0)), "
      "model_config,",
      JOBS),
+    ("summaries: a run without its checkpoint has no summary (train.csv not read)", "relbench/runs/summaries.py",
+     "    return summary_from_rows(spec, seed, mine, config)", "    return None", SUMMARIES),
+    ("summaries: the learned step read as the last check, not the first that held", "relbench/runs/summaries.py",
+     '"learned_step": learned,', '"learned_step": steps if learned else None,', SUMMARIES),
 ]
 
 

@@ -21,7 +21,8 @@ from typing import Any
 
 import pandas as pd
 
-from relbench.runs import checkpoints, results
+from relbench.runs import results
+from relbench.runs.summaries import recorded_summary
 from relbench.stats import wilson
 
 REACH_ACCURACY = 0.9   # reach: the longest length with mean accuracy over learned seeds at least this
@@ -36,10 +37,11 @@ class Competence:
     source: str = "criterion"           # "criterion" (training said so) or "accuracy at 1x" (evaluation did)
 
 
-def training_competence(run_dir: Path, variant: str, seed: int) -> Competence | None:
-    """What training to criterion recorded for this model; None when it was not trained to one."""
-    meta = checkpoints.read_meta(results.checkpoint_dir(run_dir, variant.split("@")[0], seed)) or {}
-    summary = meta.get("summary", {})
+def training_competence(run_dir: Path, variant: str, seed: int, config: dict[str, Any] | None = None,
+                        curves: pd.DataFrame | None = None) -> Competence | None:
+    """What training to criterion recorded for this model (its checkpoint, or without one its rows in
+    train.csv: relbench/runs/summaries.py); None when it was not trained to one."""
+    summary = recorded_summary(run_dir, variant.split("@")[0], seed, config, curves) or {}
     if summary.get("learned") is None:
         return None
     return Competence(bool(summary["learned"]), summary.get("learned_step"), summary.get("steps"))
@@ -151,7 +153,8 @@ def run_reach(run_dir: Path, name: str) -> dict[str, Reach]:
     lengths = {(v, s): int(rows[(rows["variant"] == v) & (rows["seed"] == s)]["train_length"].iloc[0])
                if "train_length" in rows.columns and ((rows["variant"] == v) & (rows["seed"] == s)).any() else -1
                for v, s in pairs}
-    competence = {(v, s): training_competence(run_dir, v, s) for v, s in pairs}
+    curves = results.read_csv(Path(run_dir) / results.TRAIN_CSV) if (Path(run_dir) / results.TRAIN_CSV).is_file() else None
+    competence = {(v, s): training_competence(run_dir, v, s, config, curves) for v, s in pairs}
     if rows.empty and not any(c is not None for c in competence.values()):
         return {}
     return reach_of(rows, "queries" if "queries" in rows.columns else "trials", lengths, competence)

@@ -21,7 +21,8 @@ from rich.table import Table
 from relbench.config import run_data
 from relbench.errors import RelbenchError
 from relbench.evaluation import reach as reach_module
-from relbench.runs import checkpoints, results
+from relbench.runs import results
+from relbench.runs.summaries import recorded_summary
 from relbench.stats import summarize, unresolved
 from relbench.training import finetune
 
@@ -192,9 +193,10 @@ def training_table(run_dir: Path, config: dict[str, Any]) -> tuple[list[str], li
     if criterion:
         header.append("learned at step, per seed")
     body = []
+    curves = results.read_csv(run_dir / results.TRAIN_CSV) if (run_dir / results.TRAIN_CSV).is_file() else None
     for variant in config.get("variants", []):
-        metas = [checkpoints.read_meta(results.checkpoint_dir(run_dir, variant, s)) for s in config.get("seeds", [0])]
-        done = [m["summary"] for m in metas if m and m.get("finished")]
+        found = [recorded_summary(run_dir, variant, s, config, curves) for s in config.get("seeds", [0])]
+        done = [s for s in found if s is not None]
         if not done:
             continue
         val = summarize([s["val_loss"] for s in done])
