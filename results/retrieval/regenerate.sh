@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates results/retrieval: the retrieval preset (2 layers, d 64, length 128, trained to criterion on
 # passkey trials built from the training text: validation accuracy at 128 held at 95% for two checks in a
-# row, up to 3,000 steps); passkey accuracy at 1x-64x the training length (128-8192), 5 depths x 14 trials.
+# row, up to 5,000 steps); passkey accuracy at 1x-64x the training length (128-8192), 5 depths x 14 trials.
 # Run from the repository root; a stopped run resumes where it stopped (finished models are kept).
 #   SEEDS="0 1 2" VARIANTS="alibi rope t5 xl" bash results/retrieval/regenerate.sh
 # Two workers on a 2-core machine (one thread each, as committed): run two copies with RUN pointing at two
