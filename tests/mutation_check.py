@@ -305,13 +305,13 @@ MUTATIONS = [
     ("jobs: a child that died is not reported", "relbench/training/jobs.py",
      "                errors.append((\"error\", what))", "                pass", JOBS),
     ("jobs: every side-by-side run trains seed 0", "relbench/training/jobs.py",
-     "outcome = train_pair(pair, model_config,",
-     "import dataclasses; outcome = train_pair(dataclasses.replace(pair, config=dataclasses.replace(pair.config, seed=0)), "
+     "outcome = trainer(pair, model_config,",
+     "import dataclasses; outcome = trainer(dataclasses.replace(pair, config=dataclasses.replace(pair.config, seed=0)), "
      "model_config,",
      JOBS),
-    ("summaries: a run without its checkpoint has no summary (train.csv not read)", "relbench/runs/summaries.py",
+    ("summaries: a run without its checkpoint has no summary (train.csv not read)", "relbench/evaluation/summaries.py",
      "    return summary_from_rows(spec, seed, mine, config)", "    return None", SUMMARIES),
-    ("summaries: the learned step read as the last check, not the first that held", "relbench/runs/summaries.py",
+    ("summaries: the learned step read as the last check, not the first that held", "relbench/evaluation/summaries.py",
      '"learned_step": learned,', '"learned_step": steps if learned else None,', SUMMARIES),
 ]
 

@@ -1,5 +1,5 @@
 """A committed result has no checkpoints (results/*/checkpoints/ is ignored): its report is made again
-from train.csv and config.json (relbench/runs/summaries.py). The summary rebuilt from them equals
+from train.csv and config.json (relbench/evaluation/summaries.py). The summary rebuilt from them equals
 the checkpoint's on every key both have, and the report's tables are the same with or without the
 checkpoints."""
 
@@ -11,8 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from relbench.cli import app
+from relbench.evaluation.summaries import recorded_summary, summary_from_rows
 from relbench.runs import checkpoints, results
-from relbench.runs.summaries import recorded_summary, summary_from_rows
 
 runner = CliRunner()
 KEYS = ["steps", "step_cap", "val_loss", "val_accuracy", "criterion", "learned", "learned_step", "position_lr_scale",

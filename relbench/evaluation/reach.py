@@ -21,8 +21,8 @@ from typing import Any
 
 import pandas as pd
 
+from relbench.evaluation.summaries import recorded_summary
 from relbench.runs import results
-from relbench.runs.summaries import recorded_summary
 from relbench.stats import wilson
 
 REACH_ACCURACY = 0.9   # reach: the longest length with mean accuracy over learned seeds at least this
@@ -40,7 +40,7 @@ class Competence:
 def training_competence(run_dir: Path, variant: str, seed: int, config: dict[str, Any] | None = None,
                         curves: pd.DataFrame | None = None) -> Competence | None:
     """What training to criterion recorded for this model (its checkpoint, or without one its rows in
-    train.csv: relbench/runs/summaries.py); None when it was not trained to one."""
+    train.csv: relbench/evaluation/summaries.py); None when it was not trained to one."""
     summary = recorded_summary(run_dir, variant.split("@")[0], seed, config, curves) or {}
     if summary.get("learned") is None:
         return None

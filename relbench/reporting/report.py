@@ -21,8 +21,8 @@ from rich.table import Table
 from relbench.config import run_data
 from relbench.errors import RelbenchError
 from relbench.evaluation import reach as reach_module
+from relbench.evaluation.summaries import recorded_summary
 from relbench.runs import results
-from relbench.runs.summaries import recorded_summary
 from relbench.stats import summarize, unresolved
 from relbench.training import finetune
 

@@ -25,7 +25,7 @@ import queue
 import signal
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -46,10 +46,11 @@ def threads_per_job(jobs: int) -> int:
 
 
 def train_pairs(todo: list, jobs: int, model_config: ModelConfig, splits: Splits, device: torch.device,
-                console: Console) -> Iterator[tuple[Any, dict[str, Any]]]:
+                console: Console, trainer: Callable[..., dict[str, Any]]) -> Iterator[tuple[Any, dict[str, Any]]]:
     """Yield (pair, outcome) for every run of `todo` (relbench.training.train.Pair) as it finishes,
     `jobs` at a time, each in a child process; outcomes as train.train_pair's, the model as its
-    state dict (with "model_config"). Raises Interrupted after every child has saved on a signal,
+    state dict (with "model_config"). `trainer` is train.train_pair (passed in, by reference, to each
+    child). Raises Interrupted after every child has saved on a signal,
     and RelbenchError for a child that failed, once the others have finished."""
     from relbench.positions import plugins
 
@@ -63,7 +64,7 @@ def train_pairs(todo: list, jobs: int, model_config: ModelConfig, splits: Splits
     with StopRequest() as stop:
         try:
             yield from _schedule(pending, running, errors, jobs, stop, context, results, model_config, splits,
-                                 device, threads, files, console)
+                                 device, threads, files, console, trainer)
         finally:   # closed early (an error writing a finished run): the others stop and save where they are
             for _, process in running.values():
                 _signal(process, signal.SIGTERM)
@@ -86,7 +87,7 @@ def train_pairs(todo: list, jobs: int, model_config: ModelConfig, splits: Splits
 
 def _schedule(pending: list, running: dict, errors: list, jobs: int, stop: StopRequest, context, results,
               model_config: ModelConfig, splits: Splits, device: torch.device, threads: int, files: list[str],
-              console: Console) -> Iterator[tuple[Any, dict[str, Any]]]:
+              console: Console, trainer: Callable[..., dict[str, Any]]) -> Iterator[tuple[Any, dict[str, Any]]]:
     """Start runs as places free up, pass a stop request on once, and yield each finished outcome;
     `running` and `errors` are the caller's, so that it can stop what is still going."""
     forwarded = False
@@ -94,7 +95,8 @@ def _schedule(pending: list, running: dict, errors: list, jobs: int, stop: StopR
         while pending and len(running) < jobs and not stop.signum:
             index, pair = pending.pop(0)
             process = context.Process(target=_child, daemon=True, name=f"relbench-{pair.label}",
-                                      args=(results, index, pair, model_config, splits, str(device), threads, files))
+                                      args=(results, index, pair, model_config, splits, str(device), threads, files,
+                                            trainer))
             process.start()
             running[index] = (pair, process)
             console.print(f"{pair.label}: started", markup=False)
@@ -144,14 +146,13 @@ def _signal(process, signum: int) -> None:
 
 
 def _child(results, index: int, pair, model_config: ModelConfig, splits: Splits, device: str, threads: int,
-           files: list[str]) -> None:
+           files: list[str], trainer: Callable[..., dict[str, Any]]) -> None:
     """One run in a child process: (index, "outcome", outcome), (index, "interrupted", where it
     stopped) or (index, "error", one line); (index, "line", text) for progress on the way."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C reaches the parent, which passes it on once
     torch.set_num_threads(threads)
     try:
         from relbench.positions import plugins
-        from relbench.training.train import train_pair
 
         plugins.load_installed()
         plugins.load_files(files)
@@ -166,7 +167,7 @@ def _child(results, index: int, pair, model_config: ModelConfig, splits: Splits,
 
         with StopRequest() as stop:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
-            outcome = train_pair(pair, model_config, splits, torch.device(device), None, stop, None, on_row)
+            outcome = trainer(pair, model_config, splits, torch.device(device), None, stop, None, on_row)
         if outcome["status"] == "finished":
             model = outcome["model"]
             weights = io.BytesIO()   # as bytes: torch's own pickling of tensors shares them through the

@@ -249,7 +249,8 @@ def train_run(run_dir: Path, specs: list[str], seeds: list[int], run_config: dic
         if apart:
             from relbench.training import jobs as side_by_side
 
-            outcomes = side_by_side.train_pairs(todo, min(jobs, len(todo)), model_config, splits, device, console)
+            outcomes = side_by_side.train_pairs(todo, min(jobs, len(todo)), model_config, splits, device, console,
+                                                 train_pair)
         else:
             outcomes = train_in_turn(todo, model_config, base, splits, device, console, logger)
         with contextlib.closing(outcomes) as runs:   # an error writing one ends the runs still going first
