@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from helpers import resume_step
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -57,13 +58,13 @@ def test_killed_and_resumed_training_ends_with_identical_weights(uninterrupted, 
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
         if attempt < 4:  # the first four attempts are cut short; later ones are left to finish
             deadline = time.time() + 60
-            before = _resume_step(folder)
-            while time.time() < deadline and _resume_step(folder) == before and process.poll() is None:
+            before = resume_step(folder)
+            while time.time() < deadline and resume_step(folder) == before and process.poll() is None:
                 time.sleep(0.02)   # wait until this attempt has made progress
             time.sleep(rng.uniform(0, 0.3))
             how = [signal.SIGINT, signal.SIGTERM, signal.SIGKILL][attempt % 3]
             process.send_signal(how)
-            interruptions.append((how.name, _resume_step(folder)))
+            interruptions.append((how.name, resume_step(folder)))
         _out, err = process.communicate(timeout=120)
         if how != signal.SIGKILL and process.returncode not in (0, None):
             assert process.returncode in (130, 143), err.decode()
@@ -78,14 +79,6 @@ def test_killed_and_resumed_training_ends_with_identical_weights(uninterrupted, 
     for name in expected:
         assert torch.equal(expected[name], got[name]), name
     pd.testing.assert_frame_equal(curve(uninterrupted), curve(tmp_path))
-
-
-def _resume_step(folder: Path) -> int:
-    try:
-        payload = checkpoints.load_resume(folder)
-    except Exception:  # being written at this instant
-        return -1
-    return -1 if payload is None else payload["state"]["step"]
 
 
 @pytest.fixture()
@@ -143,7 +136,7 @@ def test_truncated_resume_state_is_reported(tmp_path):
     process = subprocess.Popen([sys.executable, "-m", "relbench", *TRAIN, "--run-dir", str(tmp_path)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.time() + 60
-    while time.time() < deadline and _resume_step(folder) < 5:
+    while time.time() < deadline and resume_step(folder) < 5:
         time.sleep(0.02)
     process.send_signal(signal.SIGKILL)
     process.communicate(timeout=60)

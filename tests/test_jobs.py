@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from helpers import resume_step
 from typer.testing import CliRunner
 
 from relbench.cli import app
@@ -133,17 +134,9 @@ def _start(run_dir: Path, steps: int) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
 
 
-def _resume_step(folder: Path) -> int:
-    try:
-        payload = checkpoints.load_resume(folder)
-    except Exception:  # being written at this instant
-        return -1
-    return -1 if payload is None else payload["state"]["step"]
-
-
 def _wait_for_progress(process: subprocess.Popen, folders: list[Path]) -> None:
     deadline = time.time() + 120
-    while time.time() < deadline and process.poll() is None and min(_resume_step(f) for f in folders) < 10:
+    while time.time() < deadline and process.poll() is None and min(resume_step(f) for f in folders) < 10:
         time.sleep(0.05)
     assert process.poll() is None, process.communicate()
 
@@ -154,14 +147,14 @@ def test_ctrl_c_stops_every_side_by_side_run_after_saving_it(tmp_path):
     folders = [results.checkpoint_dir(tmp_path, spec, 0) for spec in ("alibi", "xl")]
     process = _start(tmp_path, 4000)
     _wait_for_progress(process, folders)
-    before = [_resume_step(f) for f in folders]
+    before = [resume_step(f) for f in folders]
     process.send_signal(signal.SIGINT)
     _out, err = process.communicate(timeout=120)
     assert process.returncode == 130, err.decode()
     text = err.decode()
     assert "Traceback" not in text and "interrupted: 2 run(s) stopped and saved where they were" in text, text
     for folder, step in zip(folders, before):
-        assert _resume_step(folder) >= step > 0
+        assert resume_step(folder) >= step > 0
         assert not (checkpoints.read_meta(folder) or {}).get("finished")
     assert not (tmp_path / "train.csv").exists()
 
@@ -198,7 +191,7 @@ def test_a_killed_child_loses_only_its_own_run(tmp_path):
     metas = [checkpoints.read_meta(f) or {} for f in folders]
     assert sorted(bool(m.get("finished")) for m in metas) == [False, True], metas
     dead = folders[[bool(m.get("finished")) for m in metas].index(False)]
-    assert _resume_step(dead) > 0                                    # its last resumable state is kept
+    assert resume_step(dead) > 0                                    # its last resumable state is kept
     rows = pd.read_csv(tmp_path / "train.csv")
     assert set(rows["variant"]) == {json.loads((f / "meta.json").read_text())["variant"]
                                     for f, m in zip(folders, metas) if m.get("finished")}
