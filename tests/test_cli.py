@@ -297,3 +297,24 @@ def test_expected_time_message_scales_with_the_steps_left():
     assert expected_time_message(0.5, 2400, 6, "xl").startswith("expected: about 20 min of training for the 6 run(s)")
     assert "under a minute" in expected_time_message(0.01, 100, 1, "xl")
     assert expected_time_message(0.5, 2400, 6, "xl", capped=True).startswith("expected: at most 20 min")
+
+
+def test_a_piped_console_keeps_a_wide_table_row_on_one_line(monkeypatch):
+    """In a pipe or a CI log Rich would wrap at 80 columns, a variant's reach over three lines."""
+    import io
+
+    from rich.table import Table
+
+    from relbench.cli.common import PIPE_WIDTH, make_console
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    table = Table("variant", "perplexity ratio at 16x", "passkey reach", "steps to learn passkey")
+    table.add_row("kerple-power", "1.02 [0.98, 1.07]", "2048 (2/3; per seed 512, 8192)", "1900 (1400-2400)")
+    out = io.StringIO()
+    piped = make_console(out)
+    assert piped.width == PIPE_WIDTH
+    piped.print(table)
+    rows = [line for line in out.getvalue().splitlines() if "kerple-power" in line]
+    assert len(rows) == 1 and "2048 (2/3; per seed 512, 8192)" in rows[0] and "1900 (1400-2400)" in rows[0]
+    monkeypatch.setenv("COLUMNS", "100")          # the user's own width wins
+    assert make_console(io.StringIO()).width == 100

@@ -6,6 +6,7 @@ presets, profile, inspect)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -22,7 +23,18 @@ from relbench.errors import UsageError
 from relbench.positions import forms
 from relbench.runs import distributed
 
-console = Console()
+# Rich sizes its output to the terminal, and to 80 columns when stdout is a pipe or a file (a CI log,
+# `relbench bench | tee`), where the headline table's columns would wrap a cell over several lines:
+# there it takes PIPE_WIDTH, unless COLUMNS says otherwise. Tables stay as narrow as their cells.
+PIPE_WIDTH = 200
+
+
+def make_console(file: Any = None) -> Console:
+    own = Console(file=file)
+    return own if own.is_terminal or os.environ.get("COLUMNS") else Console(file=file, width=PIPE_WIDTH)
+
+
+console = make_console()
 
 app = typer.Typer(cls=Group, add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]},
