@@ -84,6 +84,9 @@ class TrainConfig:
     lr: float = 3e-3                # peak learning rate
     min_lr_ratio: float = 0.1       # cosine decays to lr * min_lr_ratio
     warmup_steps: int = 50
+    decay_steps: int = 0            # 0: the cosine spans every step after warm-up; N: the rate holds at the
+                                    # peak and decays over the last N steps only (a capped criterion run
+                                    # that learns before them trains at a constant rate)
     weight_decay: float = 0.1       # on matrices only, not on norms, biases or position tables
     grad_clip: float = 1.0          # max global gradient norm
     position_lr_scale: float | None = None  # learning-rate multiplier of every variant's position parameters;
@@ -115,6 +118,9 @@ class TrainConfig:
                 raise UsageError(f"{name} must be positive, got {getattr(self, name)}")
         if not self.lr > 0:
             raise UsageError(f"lr must be positive, got {self.lr}")
+        if self.decay_steps < 0 or self.decay_steps > max(0, self.steps - self.warmup_steps):
+            raise UsageError(f"decay_steps must be 0 (decay after warm-up) or at most steps - warmup_steps "
+                             f"({self.steps - self.warmup_steps}), got {self.decay_steps}")
         scales = ([] if self.position_lr_scale is None else [self.position_lr_scale]) + list(self.position_lr_scales.values())
         if any(not (isinstance(x, (int, float)) and 0 < x < float("inf")) for x in scales):
             raise UsageError(f"position learning-rate multipliers must be positive numbers, got {scales}")

@@ -14,6 +14,7 @@ notice ("survived") is a gap in the tests.
     python tests/mutation_check.py -k mqar      # multi-query associative recall (trials, weights, rows)
     python tests/mutation_check.py -k jobs      # training runs side by side (relbench train --jobs)
     python tests/mutation_check.py -k reach     # training to criterion, reach over learned seeds, context use
+    python tests/mutation_check.py -k console   # the command line's output in a pipe or a log
 
 Not collected by pytest (its name does not start with test_); it takes a few minutes.
 """
@@ -313,6 +314,15 @@ MUTATIONS = [
      "    return summary_from_rows(spec, seed, mine, config)", "    return None", SUMMARIES),
     ("summaries: the learned step read as the last check, not the first that held", "relbench/evaluation/summaries.py",
      '"learned_step": learned,', '"learned_step": steps if learned else None,', SUMMARIES),
+    ("schedule: decay_steps ignored (the cosine starts after warm-up)", "relbench/training/step.py",
+     "start = config.steps - config.decay_steps if config.decay_steps else config.warmup_steps",
+     "start = config.warmup_steps", ["tests/test_criterion.py"]),
+    ("config: a recorded run lacking a newer key no longer matches its default", "relbench/runs/results.py",
+     "    return {**{k: defaults[k] for k in new if k not in old and k in defaults}, **old}", "    return old",
+     [CONFIG + "test_a_run_recorded_before_a_key_existed_matches_that_key_at_its_default"]),
+    ("console: a pipe gets Rich's 80 columns (the headline table's rows wrap)", "relbench/cli/common.py",
+     "else Console(file=file, width=PIPE_WIDTH)", "else Console(file=file)",
+     ["tests/test_cli.py::test_a_piped_console_keeps_a_wide_table_row_on_one_line"]),
 ]
 
 

@@ -257,3 +257,19 @@ def test_the_dry_run_composes_a_step_from_one_and_two_layers_the_vocabulary_and_
     model = dataclasses.replace(exp.model, position="xl")
     assert dryrun.measure("xl", exp, torch.device("cpu"))["params"] == GPT(model).n_params()
     assert dryrun.measure("xl", exp, torch.device("cpu"))["position_params"] == GPT(model).n_params(positions_only=True)
+
+
+def test_a_run_recorded_before_a_key_existed_matches_that_key_at_its_default():
+    """A config.json written before train.decay_steps existed was trained with its default (0): the same
+    configuration today, and another one once the key is set."""
+    from dataclasses import asdict
+
+    from relbench.runs.results import differences
+
+    found = config.experiment("retrieval")
+    new = {"model": asdict(found.model), "train": {k: v for k, v in asdict(found.train).items() if k != "seed"},
+           "data": asdict(found.data)}
+    old = {**new, "train": {k: v for k, v in new["train"].items() if k != "decay_steps"}}
+    assert differences(old, new) == [] and differences(new, old) == []      # either side may be the older
+    assert differences(old, {**new, "train": {**new["train"], "decay_steps": 1000}}) == ["train"]
+    assert differences({**old, "train": {**old["train"], "lr": 1e-3}}, new) == ["train"]

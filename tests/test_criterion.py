@@ -88,3 +88,22 @@ def test_criterion_options_are_checked():
     with pytest.raises(UsageError, match="criterion_accuracy must be in"):
         TrainConfig(task="passkey", criterion_accuracy=1.5)
     assert dataclasses.replace(TrainConfig(task="passkey"), criterion_accuracy=0.9).criterion_checks == 2
+
+
+def test_decay_steps_hold_the_peak_then_decay_over_the_last_steps_only():
+    """Warm-up, stable, decay: with decay_steps the rate is the peak until the last decay_steps steps,
+    so a criterion run that stops before them trained at a constant rate; 0 is the cosine after warm-up."""
+    import math
+
+    from relbench.training.step import lr_at
+
+    wsd = TrainConfig(steps=10, warmup_steps=2, lr=1.0, min_lr_ratio=0.1, decay_steps=4)
+    rates = [lr_at(step, wsd) for step in range(10)]
+    assert rates[:6] == pytest.approx([0.5, 1.0, 1.0, 1.0, 1.0, 1.0])       # warm-up, then the peak to step 5
+    # steps 6..9 decay: progress 0, 1/3, 2/3, 1 -> 0.1 + 0.45 (1 + cos(pi p))
+    assert rates[6:] == pytest.approx([1.0, 0.775, 0.325, 0.1])
+    cosine = TrainConfig(steps=10, warmup_steps=2, lr=1.0, min_lr_ratio=0.1)
+    expected = [0.5, 1.0] + [0.1 + 0.45 * (1 + math.cos(math.pi * (s - 2) / 7)) for s in range(2, 10)]
+    assert [lr_at(step, cosine) for step in range(10)] == pytest.approx(expected)
+    with pytest.raises(UsageError, match="decay_steps"):
+        TrainConfig(steps=10, warmup_steps=2, decay_steps=9)

@@ -17,6 +17,7 @@ between the two renames) was changed or truncated by something else, and is repo
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import io
@@ -293,8 +294,21 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     from relbench.config import run_data, to_dict
 
     old_data = to_dict(run_data(old))   # a config.json from before [data]: its defaults
-    return ([key for key in ("model", "train") if old.get(key) != new[key]]
+    return ([key for key in ("model", "train")
+             if _with_defaults(key, old.get(key), new[key]) != _with_defaults(key, new[key], old.get(key) or {})]
             + [key for key, value in new["data"].items() if old_data.get(key) != value])
+
+
+def _with_defaults(table: str, old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any] | None:
+    """A recorded [model] or [train] table with the keys it lacks (written before they existed, such
+    as train.decay_steps) at their defaults, which is how that run was trained: an old run stays
+    compatible with a configuration that leaves the new keys at their defaults."""
+    from relbench.config import ModelConfig, TrainConfig
+
+    if old is None:
+        return None
+    defaults = dataclasses.asdict(ModelConfig() if table == "model" else TrainConfig())
+    return {**{k: defaults[k] for k in new if k not in old and k in defaults}, **old}
 
 
 def merged_plugins(old: list[dict[str, Any]], specs: list[str], run_dir: Path) -> list[dict[str, Any]]:

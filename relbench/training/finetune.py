@@ -147,7 +147,7 @@ def settings(meta: dict[str, Any], length: int, steps: int, lr: float | None,
     model = meta["model"]
     batch, note = (batch_size, "") if batch_size else batch_size_for(train.batch_size, model["train_length"], length)
     tuned = dataclasses.replace(train, steps=steps, lr=lr or train.lr, batch_size=batch,
-                                warmup_steps=warmup_for(train.warmup_steps, steps))
+                                warmup_steps=warmup_for(train.warmup_steps, steps), decay_steps=0)
     record = {"from": meta["variant"], "length": length, "steps": steps, "lr": tuned.lr, "batch_size": batch,
               "warmup_steps": tuned.warmup_steps, "data_offset": train.steps, "source_sha256": meta.get("sha256")}
     return tuned, record, note

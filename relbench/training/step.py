@@ -19,11 +19,16 @@ from relbench.training.stopping import Diverged
 
 
 def lr_at(step: int, config: TrainConfig) -> float:
-    """Linear warm-up to the peak, then cosine decay to peak * min_lr_ratio at the last step."""
+    """Linear warm-up to the peak, then cosine decay to peak * min_lr_ratio at the last step; with
+    `decay_steps` the rate holds at the peak until the last decay_steps steps and decays over them
+    (warm-up, stable, decay), so a run that stops before them never sees the decay."""
     if step < config.warmup_steps:
         return config.lr * (step + 1) / config.warmup_steps
-    span = max(1, config.steps - config.warmup_steps - 1)
-    progress = min(1.0, (step - config.warmup_steps) / span)
+    start = config.steps - config.decay_steps if config.decay_steps else config.warmup_steps
+    if step < start:
+        return config.lr
+    span = max(1, config.steps - start - 1)
+    progress = min(1.0, (step - start) / span)
     floor = config.lr * config.min_lr_ratio
     return floor + 0.5 * (config.lr - floor) * (1 + math.cos(math.pi * progress))
 
