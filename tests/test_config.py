@@ -273,3 +273,38 @@ def test_a_run_recorded_before_a_key_existed_matches_that_key_at_its_default():
     assert differences(old, new) == [] and differences(new, old) == []      # either side may be the older
     assert differences(old, {**new, "train": {**new["train"], "decay_steps": 1000}}) == ["train"]
     assert differences({**old, "train": {**old["train"], "lr": 1e-3}}, new) == ["train"]
+
+
+def test_the_dry_run_projects_runs_side_by_side_at_their_share_of_the_threads(monkeypatch):
+    """With --jobs N the dry run times each step at one run's share of the threads and divides the
+    sum over the runs among the N (as bench's announcement does); alone it is the sum."""
+    import io
+
+    from relbench.cli import dryrun, pipeline
+    from relbench.cli.common import make_console
+
+    seen = []
+
+    def fake_measure(spec, exp, device, vocabulary=None):
+        seen.append(torch.get_num_threads())
+        return {"seconds_per_step": 0.5 if spec == "alibi" else 1.0, "params": 1, "position_params": 0,
+                "memory_bytes": 1, "fits_batch": None, "micro_batch": 8}
+
+    monkeypatch.setattr(dryrun, "measure", fake_measure)
+    monkeypatch.setattr(dryrun, "vocabulary_seconds", lambda exp, device: (0.0, 0.0))
+    monkeypatch.setattr(pipeline, "resolve_jobs", lambda jobs, specs, model, train, device: int(jobs))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: seen.append(("set", n)))
+    tiny = config.experiment("tiny")
+    exp = dataclasses.replace(tiny, train=dataclasses.replace(tiny.train, steps=120))
+    out = io.StringIO()
+    monkeypatch.setattr(pipeline, "console", make_console(out))
+    # 2 variants x 2 seeds x 120 steps at 0.5 s and 1 s: 360 s of training, 180 s of wall with 2 jobs
+    pipeline.dry_run_experiment(exp, ["alibi", "xl"], [0, 1], "cpu", "2")
+    text = " ".join(out.getvalue().split())
+    assert "2 side by side (--jobs), each step measured at 2 of 4 threads" in text
+    assert ("set", 2) in seen and seen[-1] == ("set", 4)             # the share while timing, then the threads back
+    assert f"about {dryrun.human_time(180)} of wall time" in text and f"projected: {dryrun.human_time(360)}" in text
+    out.truncate(0)
+    pipeline.dry_run_experiment(exp, ["alibi", "xl"], [0, 1], "cpu", "1")
+    assert "side by side" not in out.getvalue()

@@ -95,7 +95,7 @@ def train_command(
                **position_lr_overrides(position_lr_scale)})
     specs = trained_variants(specs)
     if dry_run:
-        return dry_run_experiment(exp, specs, seeds, device)
+        return dry_run_experiment(exp, specs, seeds, device, jobs)
     with results.RunLock(run_dir):
         train_runs(run_dir, exp, specs, seeds, device, force, log, jobs)
 

@@ -199,9 +199,13 @@ def plan_vocabulary(exp: Experiment, console) -> None:
         console.print(f"note: {error}; assuming the configured vocabulary of {exp.model.vocab_size:,}", markup=False)
 
 
-def report(exp: Experiment, specs: list[str], seeds: list[int], device: torch.device, console) -> None:
-    """Measure every variant and print the table and the projected wall time."""
+def report(exp: Experiment, specs: list[str], seeds: list[int], device: torch.device, console,
+           side_by_side: int = 1) -> None:
+    """Measure every variant and print the table and the projected wall time. With runs side by side
+    (`--jobs`), each step is measured at one run's share of the threads, and the wall time is the sum
+    over the runs divided among them (a rough figure: runs are uneven, and they share memory bandwidth)."""
     from relbench.reporting.report import rich_table
+    from relbench.training.jobs import threads_per_job
 
     m, t = exp.model, exp.train
     tokens = t.steps * t.batch_size * m.train_length
@@ -213,9 +217,14 @@ def report(exp: Experiment, specs: list[str], seeds: list[int], device: torch.de
                   f"steps after a warm-up) at the training length and at {SHORT_LENGTH} tokens: the per-token work "
                   f"scaled to the batch of {t.batch_size}, a step's fixed part added once (docs/configuration.md)")
     rows, total = [], 0.0
-    vocabulary = vocabulary_seconds(exp, device)
-    for spec in specs:
-        row = measure(spec, exp, device, vocabulary=vocabulary)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads_per_job(side_by_side) if side_by_side > 1 else threads)
+    try:
+        vocabulary = vocabulary_seconds(exp, device)
+        measured = [(spec, measure(spec, exp, device, vocabulary=vocabulary)) for spec in specs]
+    finally:
+        torch.set_num_threads(threads)
+    for spec, row in measured:
         projected = row["seconds_per_step"] * t.steps * len(seeds)
         total += projected
         fits = ("yes" if row["fits_batch"] is None else f"no ({row['fits_batch']})" if row["fits_batch"] else "no (0)")
@@ -234,5 +243,7 @@ def report(exp: Experiment, specs: list[str], seeds: list[int], device: torch.de
     console.print("memory: the estimated peak of a step; fits: whether it fits this device (in brackets, the largest "
                   "--batch-size that does); timed: the micro-batch the steps were timed at, scaled to the batch",
                   markup=False)
+    parallel = (f"; {side_by_side} side by side (--jobs), each step measured at {threads_per_job(side_by_side)} of "
+                f"{threads} threads: about {human_time(total / side_by_side)} of wall time" if side_by_side > 1 else "")
     console.print(f"projected: {human_time(total)} of training for {len(specs) * len(seeds)} run(s) on {device}, "
-                  f"from steps measured on this machine now", markup=False)
+                  f"from steps measured on this machine now{parallel}", markup=False)

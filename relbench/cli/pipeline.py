@@ -49,7 +49,7 @@ def train_runs(run_dir: Path, exp: Experiment, specs: list[str], seeds: list[int
     return run_config
 
 
-def dry_run_experiment(exp: Experiment, specs: list[str], seeds: list[int], device: str) -> None:
+def dry_run_experiment(exp: Experiment, specs: list[str], seeds: list[int], device: str, jobs: str = "1") -> None:
     from relbench.cli import dryrun
 
     target = resolve_device(device)
@@ -59,7 +59,8 @@ def dry_run_experiment(exp: Experiment, specs: list[str], seeds: list[int], devi
         check_variant_backend(exp.train.attention, spec, exp.model, target, training=True)
     memory.require(memory.model_bytes(exp.model), target, f"a model of d_model {exp.model.d_model} x "
                    f"{exp.model.n_layers} layers", "use a smaller preset")   # the batch's fit is in the table
-    dryrun.report(exp, specs, seeds, target, console)
+    side_by_side = min(resolve_jobs(jobs, specs, exp.model, exp.train, target), len(specs) * len(seeds))
+    dryrun.report(exp, specs, seeds, target, console, side_by_side)
 
 
 def extrapolate_runs(run_dir: Path, lengths: list[int] | None, variants: list[str] | None, attention: str,
