@@ -89,8 +89,7 @@ def resolve_jobs(jobs: str, specs: list[str], model: ModelConfig, train: TrainCo
         raise UsageError(f"--jobs {wanted} trains runs side by side on a CPU; {where} use --jobs 1")
     if wanted == 1:
         return 1
-    one = memory.model_bytes(model) + max(memory.training_bytes(dataclasses.replace(
-        model, position=spec, attention=train.attention), train.batch_size, train.precision) for spec in specs)
+    one = memory.model_bytes(model) + max(training_need(spec, model, train, train.batch_size) for spec in specs)
     have = memory.budget(device)
     if text == "auto":
         return max(1, min(wanted, have // one)) if have is not None else wanted
@@ -182,6 +181,13 @@ def position_lr_overrides(value: str | None) -> dict[str, Any]:
     return {"position_lr_scale": scale}
 
 
+def training_need(spec: str, model: ModelConfig, train: TrainConfig, rows: int) -> int:
+    """The estimated peak bytes of one training step of `spec` at `rows` sequences (the model's own
+    bytes apart): what the memory check and --jobs auto both count per run."""
+    return memory.training_bytes(dataclasses.replace(model, position=spec, attention=train.attention), rows,
+                                 train.precision)
+
+
 def check_training_memory(specs: list[str], model: ModelConfig, train: TrainConfig, preset: str,
                            device: torch.device) -> None:
     """Refuse a batch or length the device cannot hold, naming the hungriest variant, before any work.
@@ -190,8 +196,7 @@ def check_training_memory(specs: list[str], model: ModelConfig, train: TrainConf
     shared = f" in {share} processes sharing its memory" if share > 1 else ""
     memory.require(memory.model_bytes(model) * share, device, f"a model of d_model {model.d_model} x "
                    f"{model.n_layers} layers{shared}", "use a smaller preset")
-    need = {spec: memory.training_bytes(dataclasses.replace(model, position=spec, attention=train.attention),
-                                        rows, train.precision) * share for spec in specs}
+    need = {spec: training_need(spec, model, train, rows) * share for spec in specs}
     hungriest = max(need, key=need.get)
     have = memory.budget(device)
     if have is not None and need[hungriest] > have:
