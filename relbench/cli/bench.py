@@ -121,10 +121,9 @@ def announce(runs: list, device: str, jobs: str = "1") -> None:
     is the upper bound). With runs side by side (--jobs), each step is measured at a run's share of
     the threads and the sum divided among the jobs (uneven runs and shared memory bandwidth make it
     a rough figure)."""
-    import torch
 
     from relbench.cli import dryrun
-    from relbench.training.jobs import threads_per_job
+    from relbench.training.jobs import share_of_threads
 
     target = resolve_device(device)
     for folder, exp, specs, seeds, _ in runs:
@@ -132,14 +131,10 @@ def announce(runs: list, device: str, jobs: str = "1") -> None:
             exp.train, precision=resolve_precision(exp.train.precision, target)))
         trained = trained_variants(specs)
         side_by_side = min(resolve_jobs(jobs, trained, probe.model, probe.train, target), len(trained) * len(seeds))
-        threads = torch.get_num_threads()
-        torch.set_num_threads(threads_per_job(side_by_side) if side_by_side > 1 else threads)
-        try:
+        with share_of_threads(side_by_side):
             vocabulary = dryrun.vocabulary_seconds(probe, target, steps=1)     # once per track, not per variant
             per_step = [dryrun.measure(spec, probe, target, steps=1, vocabulary=vocabulary)["seconds_per_step"]
                         for spec in trained]
-        finally:
-            torch.set_num_threads(threads)
         total = sum(per_step) * exp.train.steps * len(seeds) / side_by_side
         what = (f"up to {exp.train.steps:,} steps each, stopping once {exp.train.task} accuracy at length "
                 f"{exp.model.train_length} holds {exp.train.criterion_accuracy:.0%}" if exp.train.criterion_accuracy > 0

@@ -205,7 +205,7 @@ def report(exp: Experiment, specs: list[str], seeds: list[int], device: torch.de
     (`--jobs`), each step is measured at one run's share of the threads, and the wall time is the sum
     over the runs divided among them (a rough figure: runs are uneven, and they share memory bandwidth)."""
     from relbench.reporting.report import rich_table
-    from relbench.training.jobs import threads_per_job
+    from relbench.training.jobs import share_of_threads, threads_per_job
 
     m, t = exp.model, exp.train
     tokens = t.steps * t.batch_size * m.train_length
@@ -218,12 +218,9 @@ def report(exp: Experiment, specs: list[str], seeds: list[int], device: torch.de
                   f"scaled to the batch of {t.batch_size}, a step's fixed part added once (docs/configuration.md)")
     rows, total = [], 0.0
     threads = torch.get_num_threads()
-    torch.set_num_threads(threads_per_job(side_by_side) if side_by_side > 1 else threads)
-    try:
+    with share_of_threads(side_by_side):
         vocabulary = vocabulary_seconds(exp, device)
         measured = [(spec, measure(spec, exp, device, vocabulary=vocabulary)) for spec in specs]
-    finally:
-        torch.set_num_threads(threads)
     for spec, row in measured:
         projected = row["seconds_per_step"] * t.steps * len(seeds)
         total += projected

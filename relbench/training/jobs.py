@@ -26,6 +26,7 @@ import signal
 import time
 import traceback
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -43,6 +44,18 @@ STOP_SECONDS = 60   # how long a closed schedule waits for its children to save 
 def threads_per_job(jobs: int) -> int:
     """The threads each of `jobs` side-by-side runs gets: this process's share, at least one."""
     return max(1, torch.get_num_threads() // max(1, jobs))
+
+
+@contextmanager
+def share_of_threads(jobs: int) -> Iterator[None]:
+    """Run the block at one of `jobs` side-by-side runs' share of the threads (all of them for one),
+    then give the threads back: how bench's announcement and the dry run time a step."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads_per_job(jobs) if jobs > 1 else threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def train_pairs(todo: list, jobs: int, model_config: ModelConfig, splits: Splits, device: torch.device,
