@@ -15,6 +15,7 @@ notice ("survived") is a gap in the tests.
     python tests/mutation_check.py -k jobs      # training runs side by side (relbench train --jobs)
     python tests/mutation_check.py -k reach     # training to criterion, reach over learned seeds, context use
     python tests/mutation_check.py -k console   # the command line's output in a pipe or a log
+    python tests/mutation_check.py -k merge     # folding runs made side by side (relbench merge)
 
 Not collected by pytest (its name does not start with test_); it takes a few minutes.
 """
@@ -47,6 +48,7 @@ REACH = ["tests/test_criterion.py", "tests/test_reach.py", "tests/test_bench.py"
 PLUGINS = ["tests/test_plugins.py", "tests/test_contract.py"]
 JOBS = ["tests/test_jobs.py"]
 SUMMARIES = ["tests/test_summaries.py"]
+MERGE = ["tests/test_merge.py"]
 MUTATIONS = [
     ("bias sign flipped on the reference path", "relbench/attention/__init__.py",
      "scores = scores + plan.full().to(scores.dtype)", "scores = scores - plan.full().to(scores.dtype)"),
@@ -326,6 +328,15 @@ MUTATIONS = [
     ("console: a pipe gets Rich's 80 columns (the headline table's rows wrap)", "relbench/cli/common.py",
      "else Console(file=file, width=PIPE_WIDTH)", "else Console(file=file)",
      ["tests/test_cli.py::test_a_piped_console_keeps_a_wide_table_row_on_one_line"]),
+    ("merge: a row both runs hold, differing, taken for the same", "relbench/runs/merge.py",
+     "        elif not _same(mine[label], rows):", "        elif not _same(mine[label], mine[label]):", MERGE),
+    ("merge: the folded runs' checkpoints not copied", "relbench/runs/merge.py",
+     "    for checkpoint, there in copies:", "    for checkpoint, there in copies[:0]:", MERGE),
+    ("merge: a table's key groups ignored (every row of a source appended)", "relbench/runs/merge.py",
+     "    if frame.empty or not all(k in frame.columns for k in key):", "    if True:", MERGE),
+    ("positions: a perplexity row's bins keyed with the row's n_tokens (a forced evaluation adds a second set)",
+     "relbench/evaluation/evaluators.py", 'POSITIONS_KEY = [k for k in PERPLEXITY.key if k != "n_tokens"]',
+     "POSITIONS_KEY = list(PERPLEXITY.key)", MERGE),
 ]
 
 

@@ -154,7 +154,7 @@ def test_no_private_name_is_imported_from_another_module(folder):
 
 @pytest.mark.parametrize("folder", ["results", "benchmarks"])
 def test_scripts_outside_the_package_import_names_that_exist(folder):
-    """The scripts in results/ (merge.py, carry_over.py, ...) and benchmarks/ are not run by the
+    """The scripts in results/ (carry_over.py, ...) and benchmarks/ are not run by the
     tests: a renamed or moved relbench name would break them silently. Every relbench name they
     import must exist."""
     import importlib

@@ -6,6 +6,7 @@ shared options and checks in cli/common.py."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -251,6 +252,38 @@ def report_command(run_dir: RunDir = results.DEFAULT_RUN_DIR, plugin: PluginFile
         results.require_run(run_dir)  # says the directory does not exist
     with results.RunLock(run_dir):
         report_run(run_dir)
+
+
+@app.command("merge")
+def merge_command(
+    runs: Annotated[list[Path], typer.Argument(help="Run directories to fold into --run-dir.", show_default=False)],
+    run_dir: RunDir = results.DEFAULT_RUN_DIR,
+    replace: Annotated[bool, typer.Option(help="Where a folded run and --run-dir both hold a row or checkpoint and "
+                                               "they differ, keep the folded run's (default: stop, write nothing).")]
+    = False,
+) -> None:
+    """Fold runs made side by side (two processes, machines or cluster jobs, each in its own run
+    directory with the same configuration) into one: checkpoints, train.csv and every table
+    `extrapolate` writes, and the variants and seeds in config.json, with each source's machine
+    recorded. Then `report` sees them all. profile.csv and inspect.csv are not folded.
+
+    Example: relbench merge runs/worker-a runs/worker-b --run-dir runs/all
+    """
+    from relbench.runs.merge import merge_runs
+
+    distributed.single_process("merge")
+    with contextlib.ExitStack() as locks:
+        for run in dict.fromkeys(Path(r).resolve() for r in [run_dir, *runs]):   # each folder once
+            if run.is_dir() or run == Path(run_dir).resolve():
+                locks.enter_context(results.RunLock(run))
+        done = merge_runs(run_dir, list(runs), replace)
+    for name in sorted(done.added):
+        if done.added[name] or done.replaced.get(name):
+            console.print(f"{name}: {done.added[name]} added, {done.replaced.get(name, 0)} replaced")
+    console.print(f"{len(done.checkpoints)} checkpoint(s) copied; {run_dir} now holds "
+                  f"{', '.join(results.require_run(run_dir)['variants'])} (seeds "
+                  f"{' '.join(map(str, results.require_run(run_dir)['seeds']))}); "
+                  f"next: relbench report --run-dir {run_dir}")
 
 
 def main() -> None:

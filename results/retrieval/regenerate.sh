@@ -5,7 +5,7 @@
 # Run from the repository root; a stopped run resumes where it stopped (finished models are kept).
 #   SEEDS="0 1 2" VARIANTS="alibi rope t5 xl" bash results/retrieval/regenerate.sh
 # Two workers on a 2-core machine (one thread each, as committed): run two copies with RUN pointing at two
-# folders and OMP_NUM_THREADS=1, then fold the second into the first with results/retrieval/merge.py.
+# folders and OMP_NUM_THREADS=1, then fold the second into the first with `relbench merge SECOND --run-dir FIRST`.
 set -euo pipefail
 RUN=${RUN:-results/retrieval}
 SEEDS=${SEEDS:-0}              # e.g. SEEDS="0 1 2"

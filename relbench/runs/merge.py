@@ -1,0 +1,211 @@
+"""Folding runs made side by side into one run directory (`relbench merge`).
+
+A run of many variants and seeds splits naturally: two CPU processes, two machines, a cluster's
+jobs, each training and evaluating its share into a run directory of its own with the same
+configuration. `merge_runs` folds such runs into one, so `report` sees every variant and seed:
+
+- the configuration must be the same (`results.differences`, as `train` checks before adding to a run);
+- checkpoints are copied, and the rows of train.csv, positions.csv and every table `extrapolate`
+  writes (extrapolation.csv, copy.csv, passkey.csv, mqar.csv, attention.csv) are added, keyed as
+  their writers key them (train.csv and positions.csv by their groups: a variant x seed's loss
+  curve, a perplexity row's position bins, go whole);
+- config.json gains the sources' variants and seeds, and records each source (`merged_from`:
+  its folder, variants, seeds and environment: the machine and commit its figures came from).
+
+Nothing is lost: a row, group or checkpoint that both hold and that differs is a conflict, and the
+merge stops before writing anything, unless `replace` says the sources' win. One the target holds
+already, identical, is not a conflict (merging again after an interruption changes nothing).
+profile.csv (timings of a machine, not of a model) and inspect.csv (one seed's diagnostics) are not
+folded: rerun `relbench profile` and `relbench inspect` on the merged run.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from relbench.errors import UsageError
+from relbench.runs import results
+
+TRAIN_KEY = ["variant", "seed"]   # a loss curve goes whole
+LOCK_FILES = (".lock", ".lock.pid")   # what results.RunLock leaves in a folder it locked
+
+
+def table_keys() -> dict[str, list[str]]:
+    """Every table merged, with the columns that identify a row or, for a group table, a group."""
+    from relbench.evaluation.evaluators import POSITIONS_CSV, POSITIONS_KEY
+    from relbench.evaluation.extrapolate import Tables
+
+    return {results.TRAIN_CSV: TRAIN_KEY, **Tables.KEYS, POSITIONS_CSV: POSITIONS_KEY}
+
+
+@dataclass
+class Merged:
+    """What a merge added: per table the number of rows (or groups) added and replaced, and the
+    checkpoints copied."""
+    added: dict[str, int] = field(default_factory=dict)
+    replaced: dict[str, int] = field(default_factory=dict)
+    checkpoints: list[str] = field(default_factory=list)
+    pairs: list[tuple[str, int]] = field(default_factory=list)   # (variant, seed) newly trained in the target
+
+
+def _groups(frame: pd.DataFrame, key: list[str]) -> dict[tuple, pd.DataFrame]:
+    """The rows of `frame` by their values in `key` (compared as text, as replace_rows does)."""
+    if frame.empty or not all(k in frame.columns for k in key):
+        return {}
+    labels = frame[key].astype(str).apply(tuple, axis=1)
+    return dict(list(frame.groupby(labels, sort=False)))
+
+
+def _same(a: pd.DataFrame, b: pd.DataFrame) -> bool:
+    """Whether two groups hold the same rows (the same columns, values and order)."""
+    columns = sorted(set(a.columns) | set(b.columns))
+    return a.reindex(columns=columns).reset_index(drop=True).to_csv(index=False) == \
+        b.reindex(columns=columns).reset_index(drop=True).to_csv(index=False)
+
+
+def _fold(target: pd.DataFrame, source: pd.DataFrame, key: list[str], replace: bool, name: str,
+          where: str, conflicts: list[str]) -> tuple[pd.DataFrame, int, int]:
+    """`target` with `source`'s groups added (replaced where `replace`); conflicts are appended."""
+    mine, theirs = _groups(target, key), _groups(source, key)
+    keep, gone = [], set()
+    for label, rows in theirs.items():
+        if label not in mine:
+            keep.append(rows)
+        elif not _same(mine[label], rows):
+            if not replace:
+                conflicts.append(f"{name} {dict(zip(key, label))} differs in {where}")
+                continue
+            gone.add(label)
+            keep.append(rows)
+    added, replaced = len(keep) - len(gone), len(gone)
+    kept_target = [rows for label, rows in mine.items() if label not in gone] if mine else [target]
+    frames = [f for f in kept_target + keep if not f.empty]
+    out = pd.concat(frames, ignore_index=True) if frames else target
+    return out, added, replaced
+
+
+def _checkpoint_meta(folder: Path) -> str | None:
+    path = folder / "meta.json"
+    return path.read_text(encoding="utf-8") if path.is_file() else None
+
+
+def _same_plugins(mine: list[dict[str, Any]], theirs: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
+    out = [dict(r) for r in mine]
+    for record in theirs:
+        ident = record.get("path", record.get("entry_point"))
+        same = next((r for r in out if r.get("path", r.get("entry_point")) == ident), None)
+        if same is None:
+            out.append(dict(record))
+        elif same.get("sha256") != record.get("sha256"):
+            raise UsageError(f"{where} was trained with another version of plugin {ident} than the target; "
+                             f"runs made with different scheme files cannot be merged")
+        else:
+            same["variants"] = sorted(set(same.get("variants", [])) | set(record.get("variants", [])))
+    return out
+
+
+def merge_runs(target: Path, sources: list[Path], replace: bool = False) -> Merged:
+    """Fold the runs `sources` into the run `target` (created from the first source when it does not
+    exist or is empty). Every check comes before the first write."""
+    target, sources = Path(target), [Path(s) for s in sources]
+    if not sources:
+        raise UsageError("relbench merge needs at least one run to fold in; name its folder")
+    for source in sources:
+        if source.resolve() == target.resolve():
+            raise UsageError(f"{source} is the target run itself; name the runs to fold into it")
+    configs = [results.require_run(s) for s in sources]
+    fresh = not (target / results.CONFIG).is_file()
+    if fresh and target.is_dir() and any(p.name not in LOCK_FILES for p in target.iterdir()):
+        results.require_run(target)   # says what it is not
+    config = dict(configs[0]) if fresh else results.require_run(target)
+    for source, theirs in zip(sources, configs):
+        differs = results.differences(config, theirs)
+        if differs or theirs.get("tokenizer_fingerprint") != config.get("tokenizer_fingerprint"):
+            what = " and ".join(differs) or "tokenizer"
+            raise UsageError(f"{source} holds a run with a different {what} configuration than {target}; "
+                             f"only runs of one configuration merge")
+
+    conflicts: list[str] = []
+    tables: dict[str, pd.DataFrame] = {}
+    merged = Merged()
+    for name, key in table_keys().items():
+        path = target / name
+        table = results.read_csv(path) if path.is_file() else pd.DataFrame()
+        changed = False
+        for source in sources:
+            if not (source / name).is_file():
+                continue
+            table, added, replaced = _fold(table, results.read_csv(source / name), key, replace, name, str(source),
+                                           conflicts)
+            merged.added[name] = merged.added.get(name, 0) + added
+            merged.replaced[name] = merged.replaced.get(name, 0) + replaced
+            changed |= bool(added or replaced)
+        if changed:
+            tables[name] = table
+    copies: list[tuple[Path, Path]] = []
+    for source in sources:
+        folder = source / "checkpoints"
+        for checkpoint in sorted(folder.iterdir()) if folder.is_dir() else []:
+            if not checkpoint.is_dir():
+                continue
+            there = target / "checkpoints" / checkpoint.name
+            if there.exists() and _checkpoint_meta(there) == _checkpoint_meta(checkpoint):
+                continue
+            if there.exists() and not replace:
+                conflicts.append(f"checkpoint {checkpoint.name} differs in {source}")
+                continue
+            copies.append((checkpoint, there))
+    if conflicts:
+        shown = "; ".join(conflicts[:3]) + (f"; and {len(conflicts) - 3} more" if len(conflicts) > 3 else "")
+        raise UsageError(f"{target} and the runs to fold in disagree: {shown}. Nothing was written; pass --replace "
+                         f"to keep the folded runs' rows and checkpoints")
+    plugins = config.get("plugins", [])
+    for source, theirs in zip(sources, configs):
+        plugins = _same_plugins(plugins, theirs.get("plugins", []), str(source))
+
+    # the writes: checkpoints, then tables, then config.json (which says what the run holds)
+    target.mkdir(parents=True, exist_ok=True)
+    for checkpoint, there in copies:
+        if there.exists():
+            shutil.rmtree(there)
+        shutil.copytree(checkpoint, there)
+        merged.checkpoints.append(checkpoint.name)
+    for name, table in tables.items():
+        results.write_csv(target / name, table)
+    known = {(v, int(s)) for v in config.get("variants", []) for s in config.get("seeds", [])} if not fresh else set()
+    variants = list(config.get("variants", [])) if not fresh else []
+    seeds = set(config.get("seeds", [])) if not fresh else set()
+    history = list(config.get("merged_from", []))
+    for source, theirs in zip(sources, configs):
+        variants += [v for v in theirs.get("variants", []) if v not in variants]
+        seeds |= set(theirs.get("seeds", []))
+        merged.pairs += [(v, int(s)) for v in theirs.get("variants", []) for s in theirs.get("seeds", [])
+                         if (v, int(s)) not in known]
+        history.append({"run": str(source), "variants": theirs.get("variants", []), "seeds": theirs.get("seeds", []),
+                        "environment": theirs.get("environment", {})})
+    config = {**config, "variants": variants, "seeds": sorted(seeds), "merged_from": history}
+    if plugins:
+        config["plugins"] = plugins
+    finetune = {**config.get("finetune", {})}
+    for theirs in configs:
+        finetune.update(theirs.get("finetune", {}))
+    if finetune:
+        config["finetune"] = finetune
+    results.write_config(target, config, _description(target if not fresh else sources[0]))
+    return merged
+
+
+def _description(run: Path) -> str:
+    """The experiment's description, which config.toml keeps (config.json does not)."""
+    from relbench.config import _parse_toml
+
+    path = run / results.CONFIG_TOML
+    try:
+        return str(_parse_toml(path.read_text(encoding="utf-8"), str(path)).get("description", "")) if path.is_file() else ""
+    except (OSError, UsageError):
+        return ""   # the description is a comment's worth; a damaged config.toml is rewritten whole

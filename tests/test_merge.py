@@ -1,0 +1,165 @@
+"""relbench merge: runs made side by side folded into one, and nothing lost when they disagree."""
+
+import json
+import shutil
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from relbench.cli import app
+from relbench.errors import UsageError
+from relbench.runs import results
+from relbench.runs.merge import merge_runs
+
+runner = CliRunner()
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def workers(tmp_path_factory):
+    """Two workers of one configuration: a holds alibi seed 0, b xl seeds 0 and 1 and alibi seed 1, each
+    trained and evaluated (perplexity at 32 and 64, passkey at 32) in its own run directory."""
+    root = tmp_path_factory.mktemp("workers")
+    for name, variants, seeds in (("a", ["alibi"], [0]), ("b", ["xl", "alibi"], [0, 1])):
+        folder = root / name
+        result = run("train", "--preset", "tiny", "--variants", *variants, "--seeds", *seeds, "--run-dir", folder)
+        assert result.exit_code == 0, result.output
+        if name == "b":   # b's alibi seed 0 is not its share: a has it
+            shutil.rmtree(folder / "checkpoints" / "alibi-seed0")
+            curves = results.read_csv(folder / "train.csv")
+            results.write_csv(folder / "train.csv", curves[~((curves.variant == "alibi") & (curves.seed == 0))])
+        pairs = [(v, s) for v in variants for s in seeds if (name, v, s) != ("b", "alibi", 0)]
+        for variant, seed in pairs:
+            result = run("extrapolate", "--run-dir", folder, "--variants", variant, "--seeds", seed, "--lengths", 32, 64,
+                         "--task", "perplexity", "passkey", "--trials", 2)
+            assert result.exit_code == 0, result.output
+    return root
+
+
+def _snapshot(folder):
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
+            and p.name not in (".lock", ".lock.pid")}
+
+
+def _rows(folder, name):
+    return results.read_csv(folder / name)
+
+
+def test_merge_folds_every_table_checkpoint_and_pair(workers, tmp_path):
+    target = tmp_path / "all"
+    result = run("merge", workers / "a", workers / "b", "--run-dir", target)
+    assert result.exit_code == 0, result.output
+    config = results.require_run(target)
+    assert config["variants"] == ["alibi", "xl"] and config["seeds"] == [0, 1]
+    assert [m["run"] for m in config["merged_from"]] == [str(workers / "a"), str(workers / "b")]
+    assert config["merged_from"][1]["environment"] == results.require_run(workers / "b")["environment"]
+    assert sorted(p.name for p in (target / "checkpoints").iterdir()) == ["alibi-seed0", "alibi-seed1", "xl-seed0",
+                                                                              "xl-seed1"]
+    for name in ("meta.json", "model.pt"):
+        assert (target / "checkpoints" / "xl-seed1" / name).read_bytes() == \
+            (workers / "b" / "checkpoints" / "xl-seed1" / name).read_bytes()
+    for name, key in (("train.csv", ["variant", "seed", "step"]), ("extrapolation.csv", ["variant", "seed", "length", "mode"]),
+                      ("passkey.csv", ["variant", "seed", "length", "depth"]), ("positions.csv", ["variant", "seed", "length",
+                                                                                                   "bin_start"])):
+        both = pd.concat([_rows(workers / "a", name), _rows(workers / "b", name)], ignore_index=True)
+        merged = _rows(target, name)
+        assert len(merged) == len(both), name
+        pd.testing.assert_frame_equal(merged.sort_values(key).reset_index(drop=True),
+                                      both[merged.columns].sort_values(key).reset_index(drop=True), check_dtype=False)
+    assert set(zip(_rows(target, "train.csv").variant, _rows(target, "train.csv").seed)) == {
+        ("alibi", 0), ("alibi", 1), ("xl", 0), ("xl", 1)}
+    # the merged run is one run: report sees every variant and seed, and extrapolate finds nothing left to do
+    assert run("report", "--run-dir", target).exit_code == 0
+    report = (target / "report.md").read_text()
+    assert "| alibi |" in report and "| xl |" in report
+    before = _rows(target, "extrapolation.csv")
+    result = run("extrapolate", "--run-dir", target, "--variants", "alibi", "--seeds", 0, 1, "--lengths", 32, 64,
+                 "--task", "perplexity")
+    assert result.exit_code == 0, result.output
+    pd.testing.assert_frame_equal(_rows(target, "extrapolation.csv"), before)
+    # merging again changes nothing
+    again = _snapshot(target)
+    result = run("merge", workers / "a", workers / "b", "--run-dir", target)
+    assert result.exit_code == 0, result.output
+    after = _snapshot(target)
+    for name in after:
+        if name not in ("config.json",):
+            assert after[name] == again[name], name
+    assert len(json.loads(after["config.json"])["merged_from"]) == 4   # each fold is recorded
+
+
+def test_a_differing_row_stops_the_merge_before_any_write(workers, tmp_path):
+    target, other = tmp_path / "t", tmp_path / "o"
+    shutil.copytree(workers / "a", target)
+    shutil.copytree(workers / "a", other)
+    frame = _rows(other, "extrapolation.csv")
+    frame.loc[0, "ppl"] = frame.loc[0, "ppl"] + 1.0          # one row of alibi seed 0 differs
+    results.write_csv(other / "extrapolation.csv", frame)
+    shutil.copytree(workers / "b" / "checkpoints" / "xl-seed0", other / "checkpoints" / "xl-seed0")  # and one is new
+    before = _snapshot(target)
+    with pytest.raises(UsageError, match=r"extrapolation.csv .*'variant': 'alibi'.*differs.*Nothing was written"):
+        merge_runs(target, [other])
+    assert _snapshot(target) == before
+    result = run("merge", other, "--run-dir", target)
+    assert result.exit_code != 0 and "Nothing was written" in result.output and "Traceback" not in result.output
+    assert _snapshot(target) == before
+
+    # --replace: the folded run's row wins, the target's other rows stay, the new checkpoint comes
+    done = merge_runs(target, [other], replace=True)
+    assert done.replaced["extrapolation.csv"] == 1 and done.checkpoints == ["xl-seed0"]
+    merged, mine = _rows(target, "extrapolation.csv"), _rows(workers / "a", "extrapolation.csv")
+    assert len(merged) == len(mine)
+    assert sorted(merged.ppl) == sorted([frame.loc[0, "ppl"], *mine.ppl.iloc[1:]])
+
+
+def test_a_group_table_is_replaced_whole(workers, tmp_path):
+    """positions.csv's bins go with their perplexity row: a replaced row brings its own bins, none
+    of the old ones stays beside them."""
+    target, other = tmp_path / "t", tmp_path / "o"
+    shutil.copytree(workers / "a", target)
+    shutil.copytree(workers / "a", other)
+    bins = _rows(other, "positions.csv")
+    first = bins.iloc[0]
+    group = ((bins.variant == first.variant) & (bins.length == first.length) & (bins["mode"] == first["mode"]))
+    assert group.sum() > 2
+    kept = bins[~group | (bins.index == bins[group].index[0])].copy()
+    kept.loc[kept.index[0], "loss_sum"] = 0.0                 # the group is now one bin, and it differs
+    results.write_csv(other / "positions.csv", kept)
+    merge_runs(target, [other], replace=True)
+    merged = _rows(target, "positions.csv")
+    assert len(merged) == len(kept)
+    mine = merged[(merged.variant == first.variant) & (merged.length == first.length) & (merged["mode"] == first["mode"])]
+    assert len(mine) == 1 and mine.loss_sum.iloc[0] == 0.0
+
+
+def test_runs_of_another_configuration_do_not_merge(workers, tmp_path):
+    other = tmp_path / "lr"
+    result = run("train", "--preset", "tiny", "--variants", "xl", "--seeds", 0, "--lr", 1e-3, "--run-dir", other)
+    assert result.exit_code == 0, result.output
+    target = tmp_path / "t"
+    shutil.copytree(workers / "a", target)
+    before = _snapshot(target)
+    result = run("merge", other, "--run-dir", target)
+    assert result.exit_code != 0 and "different train configuration" in result.output
+    assert _snapshot(target) == before
+    missing = run("merge", tmp_path / "missing", "--run-dir", target)
+    assert missing.exit_code != 0 and "does not exist" in missing.output.replace("\n", " ")
+    assert "target run itself" in run("merge", target, "--run-dir", target).output.replace("\n", " ")
+
+
+def test_a_forced_evaluation_replaces_its_position_bins(workers, tmp_path):
+    """A bin row's n_tokens is the bin's count: the bins of a perplexity row are keyed without it,
+    so evaluating again (--force) replaces them instead of adding a second set beside them."""
+    target = tmp_path / "t"
+    shutil.copytree(workers / "a", target)
+    before = _rows(target, "positions.csv")
+    result = run("extrapolate", "--run-dir", target, "--lengths", 32, 64, "--task", "perplexity", "--force")
+    assert result.exit_code == 0, result.output
+    after = _rows(target, "positions.csv")
+    assert len(after) == len(before)
+    pd.testing.assert_frame_equal(after.sort_values(["length", "bin_start"]).reset_index(drop=True),
+                                  before.sort_values(["length", "bin_start"]).reset_index(drop=True))
