@@ -188,7 +188,7 @@ def merge_runs(target: Path, sources: list[Path], replace: bool = False) -> Merg
                          if (v, int(s)) not in known]
         history.append({"run": str(source), "variants": theirs.get("variants", []), "seeds": theirs.get("seeds", []),
                         "environment": theirs.get("environment", {})})
-    config = {**config, "variants": variants, "seeds": sorted(seeds), "merged_from": history}
+    config = {**_in_field_order(config), "variants": variants, "seeds": sorted(seeds), "merged_from": history}
     if plugins:
         config["plugins"] = plugins
     finetune = {**config.get("finetune", {})}
@@ -198,6 +198,22 @@ def merge_runs(target: Path, sources: list[Path], replace: bool = False) -> Merg
         config["finetune"] = finetune
     results.write_config(target, config, _description(target if not fresh else sources[0]))
     return merged
+
+
+def _in_field_order(config: dict[str, Any]) -> dict[str, Any]:
+    """config.json's tables (written with sorted keys) in their dataclasses' field order, as `train`
+    writes config.toml, so a merge does not reorder it."""
+    import dataclasses
+
+    from relbench.config import DataConfig, EvalConfig, ModelConfig, TrainConfig
+
+    out = dict(config)
+    for table, cls in (("model", ModelConfig), ("train", TrainConfig), ("eval", EvalConfig), ("data", DataConfig)):
+        if isinstance(out.get(table), dict):
+            order = [f.name for f in dataclasses.fields(cls)]
+            out[table] = {**{k: out[table][k] for k in order if k in out[table]},
+                          **{k: v for k, v in out[table].items() if k not in order}}
+    return out
 
 
 def _description(run: Path) -> str:

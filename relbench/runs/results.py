@@ -179,6 +179,24 @@ def git_commit() -> str | None:
         return None
 
 
+CPU_FEATURES = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")   # what decides CPU attention speed (PERF_NOTES)
+
+
+def cpu_name(cpuinfo: str | None = None) -> str:
+    """The CPU's model name and the features of CPU_FEATURES it has ("Intel(R) Xeon(R) Processor;
+    avx2 avx512f avx512_bf16 amx_bf16"), from /proc/cpuinfo on Linux; platform.processor() elsewhere."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return platform.processor() or "unknown"
+    name = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
+                platform.processor() or "unknown")
+    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), [])
+    have = [f for f in CPU_FEATURES if f in flags]
+    return f"{name}; {' '.join(have)}" if have else name
+
+
 def environment(device: str) -> dict[str, Any]:
     """What a result depends on besides its config: code version, library versions, machine."""
     from relbench import __version__
@@ -189,6 +207,7 @@ def environment(device: str) -> dict[str, Any]:
         "torch": torch.__version__,
         "python": platform.python_version(),
         "platform": platform.platform(),
+        "cpu": cpu_name(),
         "cpu_threads": torch.get_num_threads(),
         "processes": distributed.world(),   # > 1: trained under torchrun (the same update, float sums in another order)
         "device": device,
