@@ -230,13 +230,7 @@ def report(exp: Experiment, specs: list[str], seeds: list[int], device: torch.de
                      f"{tokens / t.steps / row['seconds_per_step']:,.0f}", human_time(projected)])
     table = rich_table("Dry run (nothing trained or written)", ["variant", "params", "position", "memory", "fits",
                                                                  "timed", "s/step", "tok/s", "projected"], rows)
-    width = console.width
-    if not console.is_terminal:              # a pipe or a file: every figure whole, not cut to 80 columns
-        console.width = max(width, 132)
-    try:
-        console.print(table)
-    finally:
-        console.width = width
+    console.print(table)   # in a pipe the console is wide already (cli/common.py, PIPE_WIDTH) unless COLUMNS says
     console.print("memory: the estimated peak of a step; fits: whether it fits this device (in brackets, the largest "
                   "--batch-size that does); timed: the micro-batch the steps were timed at, scaled to the batch",
                   markup=False)
