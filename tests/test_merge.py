@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from relbench.cli import app
 from relbench.errors import UsageError
+from relbench.evaluation.extrapolate import result_tables
 from relbench.runs import results
 from relbench.runs.merge import merge_runs
 
@@ -102,14 +103,14 @@ def test_a_differing_row_stops_the_merge_before_any_write(workers, tmp_path):
     shutil.copytree(workers / "b" / "checkpoints" / "xl-seed0", other / "checkpoints" / "xl-seed0")  # and one is new
     before = _snapshot(target)
     with pytest.raises(UsageError, match=r"extrapolation.csv .*'variant': 'alibi'.*differs.*Nothing was written"):
-        merge_runs(target, [other])
+        merge_runs(target, [other], result_tables())
     assert _snapshot(target) == before
     result = run("merge", other, "--run-dir", target)
     assert result.exit_code != 0 and "Nothing was written" in result.output and "Traceback" not in result.output
     assert _snapshot(target) == before
 
     # --replace: the folded run's row wins, the target's other rows stay, the new checkpoint comes
-    done = merge_runs(target, [other], replace=True)
+    done = merge_runs(target, [other], result_tables(), replace=True)
     assert done.replaced["extrapolation.csv"] == 1 and done.checkpoints == ["xl-seed0"]
     merged, mine = _rows(target, "extrapolation.csv"), _rows(workers / "a", "extrapolation.csv")
     assert len(merged) == len(mine)
@@ -129,7 +130,7 @@ def test_a_group_table_is_replaced_whole(workers, tmp_path):
     kept = bins[~group | (bins.index == bins[group].index[0])].copy()
     kept.loc[kept.index[0], "loss_sum"] = 0.0                 # the group is now one bin, and it differs
     results.write_csv(other / "positions.csv", kept)
-    merge_runs(target, [other], replace=True)
+    merge_runs(target, [other], result_tables(), replace=True)
     merged = _rows(target, "positions.csv")
     assert len(merged) == len(kept)
     mine = merged[(merged.variant == first.variant) & (merged.length == first.length) & (merged["mode"] == first["mode"])]

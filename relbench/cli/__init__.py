@@ -269,6 +269,7 @@ def merge_command(
 
     Example: relbench merge runs/worker-a runs/worker-b --run-dir runs/all
     """
+    from relbench.evaluation.extrapolate import result_tables
     from relbench.runs.merge import merge_runs
 
     distributed.single_process("merge")
@@ -276,7 +277,7 @@ def merge_command(
         for run in dict.fromkeys(Path(r).resolve() for r in [run_dir, *runs]):   # each folder once
             if run.is_dir() or run == Path(run_dir).resolve():
                 locks.enter_context(results.RunLock(run))
-        done = merge_runs(run_dir, list(runs), replace)
+        done = merge_runs(run_dir, list(runs), result_tables(), replace)
     for name in sorted(done.added):
         if done.added[name] or done.replaced.get(name):
             console.print(f"{name}: {done.added[name]} added, {done.replaced.get(name, 0)} replaced")

@@ -23,7 +23,7 @@ import pandas as pd
 import torch
 
 from relbench.errors import RelbenchError
-from relbench.evaluation.evaluators import EVALUATORS, POSITIONS_CSV, Job, Update, not_learned
+from relbench.evaluation.evaluators import EVALUATORS, POSITIONS_CSV, POSITIONS_KEY, Job, Update, not_learned
 from relbench.evaluation.perplexity import ScoredText
 from relbench.model import GPT
 from relbench.positions import forms
@@ -104,6 +104,12 @@ class Tables:
         if distributed.is_main():
             for name in dict.fromkeys(name for name, _, _ in updates):
                 results.write_csv(self.run_dir / name, self.frames[name])
+
+
+def result_tables() -> dict[str, list[str]]:
+    """Every table `extrapolate` writes, with the columns that identify a row (positions.csv: a
+    perplexity row's group of bins), for `relbench merge` (runs/merge.py)."""
+    return {**Tables.KEYS, POSITIONS_CSV: POSITIONS_KEY}
 
 
 def checkpoint_of(run_dir: Path, spec: str, seed: int) -> Path:

@@ -31,16 +31,8 @@ import pandas as pd
 from relbench.errors import UsageError
 from relbench.runs import results
 
-TRAIN_KEY = ["variant", "seed"]   # a loss curve goes whole
+TRAIN_KEY = ["variant", "seed"]   # a loss curve goes whole: train.csv's key, beside the caller's tables
 LOCK_FILES = (".lock", ".lock.pid")   # what results.RunLock leaves in a folder it locked
-
-
-def table_keys() -> dict[str, list[str]]:
-    """Every table merged, with the columns that identify a row or, for a group table, a group."""
-    from relbench.evaluation.evaluators import POSITIONS_CSV, POSITIONS_KEY
-    from relbench.evaluation.extrapolate import Tables
-
-    return {results.TRAIN_CSV: TRAIN_KEY, **Tables.KEYS, POSITIONS_CSV: POSITIONS_KEY}
 
 
 @dataclass
@@ -109,9 +101,11 @@ def _same_plugins(mine: list[dict[str, Any]], theirs: list[dict[str, Any]], wher
     return out
 
 
-def merge_runs(target: Path, sources: list[Path], replace: bool = False) -> Merged:
+def merge_runs(target: Path, sources: list[Path], tables: dict[str, list[str]], replace: bool = False) -> Merged:
     """Fold the runs `sources` into the run `target` (created from the first source when it does not
-    exist or is empty). Every check comes before the first write."""
+    exist or is empty): train.csv and the result `tables` (name: the columns that identify a row, or
+    a group that goes whole; evaluation.extrapolate.result_tables() gives every table relbench
+    writes). Every check comes before the first write."""
     target, sources = Path(target), [Path(s) for s in sources]
     if not sources:
         raise UsageError("relbench merge needs at least one run to fold in; name its folder")
@@ -131,9 +125,9 @@ def merge_runs(target: Path, sources: list[Path], replace: bool = False) -> Merg
                              f"only runs of one configuration merge")
 
     conflicts: list[str] = []
-    tables: dict[str, pd.DataFrame] = {}
+    folded: dict[str, pd.DataFrame] = {}
     merged = Merged()
-    for name, key in table_keys().items():
+    for name, key in {results.TRAIN_CSV: TRAIN_KEY, **tables}.items():
         path = target / name
         table = results.read_csv(path) if path.is_file() else pd.DataFrame()
         changed = False
@@ -146,7 +140,7 @@ def merge_runs(target: Path, sources: list[Path], replace: bool = False) -> Merg
             merged.replaced[name] = merged.replaced.get(name, 0) + replaced
             changed |= bool(added or replaced)
         if changed:
-            tables[name] = table
+            folded[name] = table
     copies: list[tuple[Path, Path]] = []
     for source in sources:
         folder = source / "checkpoints"
@@ -175,7 +169,7 @@ def merge_runs(target: Path, sources: list[Path], replace: bool = False) -> Merg
             shutil.rmtree(there)
         shutil.copytree(checkpoint, there)
         merged.checkpoints.append(checkpoint.name)
-    for name, table in tables.items():
+    for name, table in folded.items():
         results.write_csv(target / name, table)
     known = {(v, int(s)) for v in config.get("variants", []) for s in config.get("seeds", [])} if not fresh else set()
     variants = list(config.get("variants", [])) if not fresh else []
@@ -218,10 +212,11 @@ def _in_field_order(config: dict[str, Any]) -> dict[str, Any]:
 
 def _description(run: Path) -> str:
     """The experiment's description, which config.toml keeps (config.json does not)."""
-    from relbench.config import _parse_toml
+    from relbench.config import read_file
+    from relbench.errors import RelbenchError
 
     path = run / results.CONFIG_TOML
     try:
-        return str(_parse_toml(path.read_text(encoding="utf-8"), str(path)).get("description", "")) if path.is_file() else ""
-    except (OSError, UsageError):
+        return str(read_file(path).get("description", "")) if path.is_file() else ""
+    except (OSError, RelbenchError):
         return ""   # the description is a comment's worth; a damaged config.toml is rewritten whole
