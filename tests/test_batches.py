@@ -39,4 +39,5 @@ def test_passkey_batches_weight_the_answer_and_follow_the_curriculum():
     late = training_batch(TEXT, 5000, config, 200, tokenizer)[0]
     assert not torch.equal(late, x)
     val = validation_batches(TEXT, TrainConfig(task="passkey", batch_size=3, eval_batches=2), 200, tokenizer)
-    assert len(val) == 2 and val[0][0].shape == (3, 201) and (val[0][1][:, -5:] == 1).all()
+    assert len(val) == 2 and val[0][0].shape == val[0][1].shape == (3, 200) and (val[0][2][:, -5:] == 1).all()
+    assert torch.equal(val[0][0][:, 1:], val[0][1][:, :-1])                          # targets: the inputs shifted

@@ -94,6 +94,28 @@ def test_sequence_layout_by_hand_at_depth_0_and_1():
         expected[expected >= 128] = SPACE                                             # the alphabet cleaned out
         assert filler.tolist() == expected.tolist()
     assert distances.tolist() == [2, 6]                                               # depth 1: right before the queries
+    # the model reads the space where a queried value stands: a value is a target, never an input
+    inputs = mqar.model_inputs(tokens, asked, SPACE)
+    assert inputs.shape == (64,) and inputs[61:].tolist() == [150, SPACE, 130]
+    assert inputs[:61].tolist() == tokens[:61].tolist()                              # the rest as it is
+    batch = mqar.model_inputs(np.stack([tokens, tokens]), np.stack([asked, asked]), SPACE)
+    assert batch.tolist() == [inputs.tolist()] * 2
+
+
+def test_the_answers_of_earlier_queries_are_not_inputs():
+    """No query's value is an input, so a later query cannot learn which values were asked already:
+    the pair block holds the only copy of each value the model reads."""
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        n = int(rng.integers(1, 9))
+        trial = mqar.draw(rng, n, 256, float(rng.random()), int(rng.integers(0, 4000)))
+        tokens, asked, _ = mqar.sequence(STREAM, trial, 100, TOKENIZER)
+        inputs = mqar.model_inputs(tokens, asked, SPACE)
+        start, query = mqar.layout(100, n, trial.depth)
+        values = set(np.flatnonzero(inputs >= 192).tolist())                         # value tokens among the inputs
+        assert values == set(range(start + 1, start + 2 * n, 2))                      # the pair block's, no others
+        assert inputs[query:].tolist() == [t for k in np.asarray(trial.keys)[list(trial.order)]
+                                           for t in (int(k), SPACE)][:100 - query]
 
 
 def test_task_tokens_occur_only_in_the_pair_block_and_the_queries():
@@ -146,7 +168,7 @@ def test_distance_bins_are_powers_of_two():
 def test_accuracy_scores_each_query_at_its_value():
     trial_list = mqar.trials(STREAM.size, 80, [0.0, 1.0], 2, 3)
     sequences = [mqar.sequence(STREAM, t, 80, TOKENIZER) for t in trial_list]
-    answers = {tuple(s[:-1].tolist()): s.tolist() for s, _, _ in sequences}
+    answers = {tuple(mqar.model_inputs(s, a, SPACE).tolist()): s.tolist() for s, a, _ in sequences}
     perfect = mqar.accuracy(NextToken(answers), STREAM, trial_list, 80, TOKENIZER, "cpu", max_batch_tokens=160)
     assert [a.correct for a in perfect] == [True] * 12
     assert [a.trial for a in perfect] == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
@@ -157,7 +179,7 @@ def test_accuracy_scores_each_query_at_its_value():
     assert [a.correct for a in fixed] == [v == trial_list[0].values[0] for t in trial_list
                                           for v in np.asarray(t.values)[list(t.order)]]
     wrong = dict(answers)                                                             # the last query of trial 1 off
-    key = tuple(sequences[1][0][:-1].tolist())
+    key = tuple(mqar.model_inputs(sequences[1][0], sequences[1][1], SPACE).tolist())
     wrong[key] = answers[key][:-1] + [192 if answers[key][-1] != 192 else 193]
     assert [a.correct for a in mqar.accuracy(NextToken(wrong), STREAM, trial_list, 80, TOKENIZER, "cpu")] == \
         [True] * 5 + [False] + [True] * 6
@@ -171,7 +193,11 @@ def test_training_batches_weight_answers_text_and_random_tokens():
     again = training_batch(tokens, 10, config, 64, TOKENIZER)
     assert torch.equal(x, again[0]) and torch.equal(w, again[2])                    # a function of (seed, step)
     assert not torch.equal(training_batch(tokens, 11, config, 64, TOKENIZER)[0], x)
-    assert x.shape == w.shape == (5, 64) and torch.equal(y[:, :-1], x[:, 1:])
+    assert x.shape == y.shape == w.shape == (5, 64)
+    # the targets are the trial's tokens shifted; the inputs the same but the space where a queried value
+    # stands (tokens 60 and 62; 64, the last value, is a target only)
+    assert torch.equal(y[:, :-1][:, list(range(59)) + [60, 62]], x[:, 1:][:, list(range(59)) + [60, 62]])
+    assert (x[:, [60, 62]] == SPACE).all() and (y[:, [59, 61, 63]] >= 192).all()
     # 65 tokens, 3 pairs: 53 of filler, queries at tokens 59, 61, 63; values at 60, 62, 64 = targets 59, 61, 63
     assert (w[:, [59, 61, 63]] == 5.0).all() and (w[:, [58, 60, 62]] == 0.0).all()
     room = 65 - 12
@@ -187,7 +213,8 @@ def test_training_batches_weight_answers_text_and_random_tokens():
             expected = 5.0 if p in (59, 61, 63) else 0.0 if p in zero else 0.5
             assert w[row, p] == expected, (row, p)
     val = validation_batches(tokens, TrainConfig(task="mqar", mqar_pairs=3, batch_size=3, eval_batches=2), 64, TOKENIZER)
-    assert len(val) == 2 and val[0][0].shape == (3, 65) and (val[0][1][:, [59, 61, 63]] == 1.0).all()
+    assert len(val) == 2 and val[0][0].shape == val[0][1].shape == (3, 64) and (val[0][2][:, [59, 61, 63]] == 1.0).all()
+    assert (val[0][0][:, [60, 62]] == SPACE).all()
     assert torch.equal(val[0][0], validation_batches(tokens, TrainConfig(task="mqar", mqar_pairs=3, batch_size=3,
                                                                          eval_batches=2), 64, TOKENIZER)[0][0])
     with pytest.raises(UsageError, match="mqar"):

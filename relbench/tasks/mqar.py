@@ -6,10 +6,15 @@ then every key asked for once, in a random order, at the end of the window.
                    '----- pair block -----'                '---- query block ----'
 
 The pair block sits at a chosen depth of the filler (0: at the window's start, 1: right before the
-query block); the query block always ends the window. Teacher forcing: each query's value is the
-target of the prediction made at the query key, and the next input. A query is correct when the
-argmax there is its value, so one forward pass scores every query of a trial. Only those
-predictions are answers: the pair block and the query keys are random, unpredictable tokens.
+query block); the query block always ends the window. Each query's value is the target of the
+prediction made at its key, and never an input: the model reads the space in its place
+(`model_inputs`), as in Zoology's generator, where the query keys stand alone. With the value as the
+next input (teacher forcing, this module's first layout) a later query could see which values had
+been asked already, and models settled on answering with a value of the pair block not yet asked,
+without binding any key to its value: 1/(n - i) at the i-th of n queries, 34% over 8 pairs
+(results/retrieval/README.md, "MQAR"). A query is correct when the argmax at its key is its value,
+so one forward pass scores every query of a trial. Only those predictions are answers: the pair
+block and the query keys are random, unpredictable tokens.
 
 Alphabet: for a vocabulary of V tokens the task owns the upper half [V/2, V): keys are
 [V/2, V/2 + V/4) and values [V/2 + V/4, V), two disjoint sets (keys distinct within a trial, values
@@ -129,6 +134,21 @@ def draw(rng: np.random.Generator, n_pairs: int, vocab_size: int, depth: float, 
                  tuple(int(i) for i in rng.permutation(n_pairs)), float(depth), int(filler_start))
 
 
+def model_inputs(tokens: np.ndarray, asked: np.ndarray, space: int) -> np.ndarray:
+    """The (..., length) inputs of trials' (..., length + 1) tokens, each queried value (the token
+    after a query key in `asked`) replaced by `space`: a value is a target, never an input. The
+    targets are the tokens themselves, shifted: `tokens[..., 1:]`."""
+    out = np.array(tokens[..., :-1], dtype=np.int64)
+    after = np.asarray(asked) + 1
+    inside = after < out.shape[-1]                       # the last value is a target only
+    if out.ndim == 1:
+        out[after[inside]] = space
+    else:
+        rows = np.broadcast_to(np.arange(out.shape[0])[:, None], after.shape)
+        out[rows[inside], after[inside]] = space
+    return out
+
+
 def trials(stream_size: int, length: int, depths: list[float], per_depth: int, n_pairs: int, seed: int = 0,
            vocab_size: int = 256) -> list[Trial]:
     """A fixed, seeded set of trials: for each depth, `per_depth` trials with filler offsets spread
@@ -158,10 +178,12 @@ def accuracy(model, stream: np.ndarray, trial_list: list[Trial], length: int, to
     per_batch = max(1, max_batch_tokens // length)
     for b in range(0, len(trial_list), per_batch):
         batch = [sequence(stream, t, length, tokenizer) for t in trial_list[b: b + per_batch]]
-        tokens = torch.from_numpy(np.stack([tokens for tokens, _, _ in batch])).to(device)    # (B, length + 1)
-        asked = torch.from_numpy(np.stack([a for _, a, _ in batch])).to(device)              # (B, n)
-        predicted = model(tokens[:, :-1]).argmax(-1).gather(1, asked)                      # (B, n)
-        correct = (predicted == tokens[:, 1:].gather(1, asked)).tolist()
+        tokens = np.stack([tokens for tokens, _, _ in batch])                                # (B, length + 1)
+        asked = np.stack([a for _, a, _ in batch])                                           # (B, n)
+        inputs = torch.from_numpy(model_inputs(tokens, asked, filler_token(tokenizer))).to(device)
+        asked_t = torch.from_numpy(asked).to(device)
+        predicted = model(inputs).argmax(-1).gather(1, asked_t)                            # (B, n)
+        correct = (predicted == torch.from_numpy(tokens[:, 1:]).to(device).gather(1, asked_t)).tolist()
         for i, (_, _, distances) in enumerate(batch):
             out += [Answer(b + i, int(d), bool(c)) for d, c in zip(distances, correct[i])]
     return out

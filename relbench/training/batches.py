@@ -70,20 +70,25 @@ def weights(length: int, answer: slice, config: TrainConfig, count: int) -> torc
 
 
 def mqar_sequences(tokens: np.ndarray, rng: np.random.Generator, count: int, length: int, tokenizer,
-                   n_pairs: int, lowest_depth: float = 0.0) -> tuple[np.ndarray, list[mqar.Trial]]:
-    """(count, length + 1) mqar trials with random pairs, depths in [lowest_depth, 1] and filler
-    offsets, and the trials."""
+                   n_pairs: int, lowest_depth: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, list[mqar.Trial]]:
+    """Inputs and targets (count, length) of mqar trials with random pairs, depths in
+    [lowest_depth, 1] and filler offsets (the queried values are targets, never inputs:
+    mqar.model_inputs), and the trials."""
     if length < mqar.min_length(n_pairs):
         raise RelbenchError(f"mqar training with {n_pairs} pairs needs sequences of at least "
                             f"{mqar.min_length(n_pairs)} tokens; use a longer --train-length or fewer mqar_pairs")
     room = length + 1 - 4 * n_pairs
-    rows, drawn = [], []
+    rows, asked, drawn = [], [], []
     for _ in range(count):
         depth = float(lowest_depth + (1 - lowest_depth) * rng.random())
         trial = mqar.draw(rng, n_pairs, tokenizer.vocab_size, depth, int(rng.integers(0, max(1, tokens.size - room))))
-        rows.append(mqar.sequence(tokens, trial, length, tokenizer)[0])
+        sequence, queries, _ = mqar.sequence(tokens, trial, length, tokenizer)
+        rows.append(sequence)
+        asked.append(queries)
         drawn.append(trial)
-    return np.stack(rows), drawn
+    sequences = np.stack(rows)
+    inputs = mqar.model_inputs(sequences, np.stack(asked), mqar.filler_token(tokenizer))
+    return torch.from_numpy(inputs), torch.from_numpy(sequences[:, 1:].copy()), drawn
 
 
 def mqar_weights(trial_list: list[mqar.Trial], length: int, config: TrainConfig) -> torch.Tensor:
@@ -113,19 +118,18 @@ def training_batch(tokens: torch.Tensor, step: int, config: TrainConfig, length:
     rng = np.random.default_rng(_seeded(config.seed, step))
     lowest = _lowest_depth(step, config)
     if config.task == "mqar":
-        sequences, drawn = mqar_sequences(tokens.numpy(), rng, config.batch_size, length, tokenizer, config.mqar_pairs,
-                                          lowest)
-        window = torch.from_numpy(sequences)
-        return window[:, :-1], window[:, 1:], mqar_weights(drawn, length, config)
+        x, y, drawn = mqar_sequences(tokens.numpy(), rng, config.batch_size, length, tokenizer, config.mqar_pairs, lowest)
+        return x, y, mqar_weights(drawn, length, config)
     sequences, answer = passkey_sequences(tokens.numpy(), rng, config.batch_size, length, tokenizer, lowest)
     window = torch.from_numpy(sequences)
     return window[:, :-1], window[:, 1:], weights(length, answer, config, config.batch_size)
 
 
 def validation_batches(tokens: torch.Tensor, config: TrainConfig, length: int,
-                       tokenizer) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-    """Fixed (B, L + 1) validation windows (and their loss weights) for the configured task: windows
-    spread evenly over the validation split, or passkey or mqar trials on validation text (a fixed seed)."""
+                       tokenizer) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+    """Fixed validation batches for the configured task, each (inputs, targets, loss weights or
+    None), (B, L) each: windows spread evenly over the validation split, or passkey or mqar trials
+    on validation text (a fixed seed)."""
     count = config.eval_batches * config.batch_size
     if config.task == "lm":
         last = tokens.numel() - length - 1
@@ -134,15 +138,16 @@ def validation_batches(tokens: torch.Tensor, config: TrainConfig, length: int,
                                 f"window ({length + 1}); use a shorter --train-length or a larger dataset")
         starts = torch.linspace(0, last, count).long()
         windows = tokens[starts[:, None] + torch.arange(length + 1)].long()
-        return [(w, None) for w in windows.split(config.batch_size)]
+        return [(w[:, :-1], w[:, 1:], None) for w in windows.split(config.batch_size)]
     rng = np.random.default_rng(VALIDATION_SEED)
     if config.task == "mqar":
-        sequences, drawn = mqar_sequences(tokens.numpy(), rng, count, length, tokenizer, config.mqar_pairs)
-        windows, w = torch.from_numpy(sequences), mqar_weights(drawn, length, config)
+        x, y, drawn = mqar_sequences(tokens.numpy(), rng, count, length, tokenizer, config.mqar_pairs)
+        w = mqar_weights(drawn, length, config)
     else:
         sequences, answer = passkey_sequences(tokens.numpy(), rng, count, length, tokenizer)
-        windows, w = torch.from_numpy(sequences), weights(length, answer, config, count)
-    return list(zip(windows.split(config.batch_size), w.split(config.batch_size)))
+        windows = torch.from_numpy(sequences)
+        x, y, w = windows[:, :-1], windows[:, 1:], weights(length, answer, config, count)
+    return list(zip(x.split(config.batch_size), y.split(config.batch_size), w.split(config.batch_size)))
 
 
 def retrieval_accuracy(model, task: str, tokens, length: int, tokenizer, device, trials: int = 50,

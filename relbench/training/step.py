@@ -102,15 +102,17 @@ def rank_loss(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor
 
 
 @torch.no_grad()
-def validation_loss(model: GPT, batches: list[tuple[torch.Tensor, torch.Tensor | None]], device: torch.device) -> float:
+def validation_loss(model: GPT, batches: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]],
+                    device: torch.device) -> float:
     """The (weighted) mean loss over fixed validation batches. Under torchrun each rank scores its
     share of every batch and the sums are added up (in float64), so every rank gets the same value."""
     model.eval()
     total, count = 0.0, 0.0
-    for window, weights in batches:
-        window, weights = distributed.share(window).to(device), distributed.share(weights)
-        total += float(weighted_loss(model(window[:, :-1]), window[:, 1:], weights, reduction="sum"))
-        count += float(loss_denominator(window[:, 1:], weights))
+    for inputs, targets, weights in batches:
+        inputs, targets = distributed.share(inputs).to(device), distributed.share(targets).to(device)
+        weights = distributed.share(weights)
+        total += float(weighted_loss(model(inputs), targets, weights, reduction="sum"))
+        count += float(loss_denominator(targets, weights))
     model.train()
     total, count = distributed.sum_all(torch.tensor([total, count], dtype=torch.float64, device=device)).tolist()
     return total / count
