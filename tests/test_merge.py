@@ -77,6 +77,10 @@ def test_merge_folds_every_table_checkpoint_and_pair(workers, tmp_path):
     assert run("report", "--run-dir", target).exit_code == 0
     report = (target / "report.md").read_text()
     assert "| alibi |" in report and "| xl |" in report
+    # the report names the machine of every folded run, not only the first one's
+    commit_b = results.require_run(workers / "b")["environment"]["git_commit"] or "unknown"
+    assert f"Folded in (`relbench merge`) from {workers / 'b'}: xl, alibi, seeds 0, 1, trained on " in report
+    assert report.count(f"at commit {commit_b}") >= 2 and report.count("Folded in") == 2
     before = _rows(target, "extrapolation.csv")
     result = run("extrapolate", "--run-dir", target, "--variants", "alibi", "--seeds", 0, 1, "--lengths", 32, 64,
                  "--task", "perplexity")
