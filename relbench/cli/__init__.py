@@ -281,9 +281,9 @@ def merge_command(
     for name in sorted(done.added):
         if done.added[name] or done.replaced.get(name):
             console.print(f"{name}: {done.added[name]} added, {done.replaced.get(name, 0)} replaced")
+    now = results.require_run(run_dir)
     console.print(f"{len(done.checkpoints)} checkpoint(s) copied; {run_dir} now holds "
-                  f"{', '.join(results.require_run(run_dir)['variants'])} (seeds "
-                  f"{' '.join(map(str, results.require_run(run_dir)['seeds']))}); "
+                  f"{', '.join(now['variants'])} (seeds {' '.join(map(str, now['seeds']))}); "
                   f"next: relbench report --run-dir {run_dir}")
 
 

@@ -389,16 +389,9 @@ def describe_run(config: dict[str, Any]) -> list[str]:
         f"(vocabulary {model.get('vocab_size', 256):,}).",
         "Each perplexity table names its protocol: the mode, and the scored tokens (the same at every length) "
         "in segments spread over the whole test split.",
-        f"Machine: {machine(env)}.",
+        f"Machine: {results.describe_environment(env)}.",
         *[f"Folded in (`relbench merge`) from {entry.get('run', '?')}: {', '.join(entry.get('variants', []))}, seeds "
-          f"{', '.join(map(str, entry.get('seeds', [])))}, trained on {machine(entry.get('environment', {}))}."
+          f"{', '.join(map(str, entry.get('seeds', [])))}, trained on "
+          f"{results.describe_environment(entry.get('environment', {}))}."
           for entry in config.get("merged_from", [])],
     ]
-
-
-def machine(env: dict[str, Any]) -> str:
-    """Where a run's figures came from: CPU (when recorded), platform, threads, device, versions, commit, date."""
-    cpu = f"{env['cpu']}, " if env.get("cpu") else ""
-    return (f"{cpu}{env.get('platform', '?')}, {env.get('cpu_threads', '?')} threads, device {env.get('device', '?')}; "
-            f"torch {env.get('torch', '?')}; relbench {env.get('relbench', '?')} at commit "
-            f"{env.get('git_commit') or 'unknown'}; {env.get('date', '')}")

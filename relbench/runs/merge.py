@@ -42,7 +42,6 @@ class Merged:
     added: dict[str, int] = field(default_factory=dict)
     replaced: dict[str, int] = field(default_factory=dict)
     checkpoints: list[str] = field(default_factory=list)
-    pairs: list[tuple[str, int]] = field(default_factory=list)   # (variant, seed) newly trained in the target
 
 
 def _groups(frame: pd.DataFrame, key: list[str]) -> dict[tuple, pd.DataFrame]:
@@ -171,15 +170,12 @@ def merge_runs(target: Path, sources: list[Path], tables: dict[str, list[str]], 
         merged.checkpoints.append(checkpoint.name)
     for name, table in folded.items():
         results.write_csv(target / name, table)
-    known = {(v, int(s)) for v in config.get("variants", []) for s in config.get("seeds", [])} if not fresh else set()
     variants = list(config.get("variants", [])) if not fresh else []
     seeds = set(config.get("seeds", [])) if not fresh else set()
     history = list(config.get("merged_from", []))
     for source, theirs in zip(sources, configs):
         variants += [v for v in theirs.get("variants", []) if v not in variants]
         seeds |= set(theirs.get("seeds", []))
-        merged.pairs += [(v, int(s)) for v in theirs.get("variants", []) for s in theirs.get("seeds", [])
-                         if (v, int(s)) not in known]
         history.append({"run": str(source), "variants": theirs.get("variants", []), "seeds": theirs.get("seeds", []),
                         "environment": theirs.get("environment", {})})
     config = {**_in_field_order(config), "variants": variants, "seeds": sorted(seeds), "merged_from": history}

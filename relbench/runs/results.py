@@ -216,6 +216,14 @@ def environment(device: str) -> dict[str, Any]:
     }
 
 
+def describe_environment(env: dict[str, Any]) -> str:
+    """Where a run's figures came from: CPU (when recorded), platform, threads, device, versions, commit, date."""
+    cpu = f"{env['cpu']}, " if env.get("cpu") else ""
+    return (f"{cpu}{env.get('platform', '?')}, {env.get('cpu_threads', '?')} threads, device {env.get('device', '?')}; "
+            f"torch {env.get('torch', '?')}; relbench {env.get('relbench', '?')} at commit "
+            f"{env.get('git_commit') or 'unknown'}; {env.get('date', '')}")
+
+
 def require_run(run_dir: Path) -> dict[str, Any]:
     """The run's config.json; a clear error when `run_dir` is missing or not a relbench run."""
     run_dir = Path(run_dir)
