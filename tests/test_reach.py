@@ -69,6 +69,14 @@ def test_without_a_criterion_the_accuracy_at_the_training_length_decides():
     assert reach.reach == 512 and steps_to_learn(reach) == "-"
 
 
+def test_one_learned_seed_shows_the_wilson_interval_of_its_pooled_trials():
+    rows = pd.DataFrame(passkey_rows("xl", 0, {128: 1.0, 512: 0.9}) + passkey_rows("xl", 1, {128: 0.1, 512: 0.0}))
+    reach = reach_of(rows, "trials", {}, {("xl", 0): learned(700), ("xl", 1): NOT})["xl"]
+    low, high = wilson(27, 30)                       # 512: 9 of 10 at each of three depths, seed 0 only
+    assert reach.interval[0][512] == pytest.approx((low, high))
+    assert reach_table({"xl": reach}, "passkey")[1][0][3] == f"90% [{low:.0%}-{high:.0%}]" == "90% [74%-97%]"
+
+
 def test_reach_is_the_longest_length_at_90_percent_and_none_below():
     rows = pd.DataFrame(passkey_rows("rope", 0, {128: 0.9, 512: 0.8, 2048: 0.0}))
     assert reach_of(rows, "trials", {}, {("rope", 0): learned(500)})["rope"].reach == 128

@@ -69,6 +69,7 @@ class Reach:
     learned: dict[int, Competence]                       # per seed
     accuracy: dict[int, float] = field(default_factory=dict)           # length -> mean over learned seeds
     per_seed: dict[int, dict[int, float]] = field(default_factory=dict)  # seed -> length -> accuracy
+    interval: dict[int, dict[int, tuple[float, float]]] = field(default_factory=dict)  # seed -> length -> Wilson 95%
     reach: int | None = None                             # longest length at >= REACH_ACCURACY; None: none
     unsupported_beyond: bool = False                     # it cannot run beyond its reach (a learned table of positions)
     longer_untested: bool = False                        # it passed at its longest evaluated length, and the
@@ -125,7 +126,9 @@ def reach_of(rows: pd.DataFrame, count: str, train_lengths: dict[tuple[str, int]
                 at_1x = per_seed[s].get(train_lengths.get((variant, s), -1), math.nan)
                 known = Competence(bool(at_1x >= REACH_ACCURACY), source="accuracy at 1x")
             learned[s] = known
-        reach = Reach(variant, seeds, learned, per_seed=per_seed)
+        interval = {s: {int(r.length): (float(r.low), float(r.high)) for r in mine[mine["seed"] == s].itertuples()}
+                    for s in seeds}
+        reach = Reach(variant, seeds, learned, per_seed=per_seed, interval=interval)
         good = reach.learned_seeds
         if good:
             lengths = sorted(set.intersection(*(set(per_seed[s]) for s in good)))
@@ -170,7 +173,8 @@ def steps_to_learn(reach: Reach) -> str:
 
 
 def reach_table(reaches: dict[str, Reach], task: str) -> tuple[list[str], list[list[str]]]:
-    """Variant x length: mean accuracy over learned seeds (the per-seed values), steps to learn, reach."""
+    """Variant x length: mean accuracy over learned seeds (the per-seed values; with one learned seed,
+    its Wilson 95% interval over the pooled trials), steps to learn, reach."""
     lengths = sorted({n for r in reaches.values() for s in r.per_seed.values() for n in s})
     header = ["variant", "learned"] + [f"L={n}" for n in lengths] + ["steps to learn", f"{task} reach (>= 90%)"]
     body = []
@@ -187,6 +191,9 @@ def reach_table(reaches: dict[str, Reach], task: str) -> tuple[list[str], list[l
             text = f"{r.accuracy[n]:.0%}"
             if len(per) > 1:
                 text += " (" + "/".join(f"{a:.0%}" for a in per) + ")"
+            elif n in r.interval.get(r.learned_seeds[0], {}):
+                low, high = r.interval[r.learned_seeds[0]][n]
+                text += f" [{low:.0%}-{high:.0%}]"
             cells.append(text)
         body.append([variant, f"{len(r.learned_seeds)}/{len(r.seeds)}"] + cells + [steps_to_learn(r), r.cell()])
     return header, body
