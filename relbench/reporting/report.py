@@ -266,7 +266,8 @@ def markdown_table(header: list[str], body: list[list[str]]) -> str:
 
 TASK_TABLES = (("copy.csv", "Copy distance: loss with an earlier copy of the text / with unrelated text there (1.00: not used)"),
                ("passkey.csv", "Passkey accuracy (all depths pooled; mean over the seeds that learned, per seed in "
-                               "brackets; one learned seed: its Wilson 95% interval), and reach: the longest length at 90% or more"),
+                               "brackets; one learned seed: its Wilson 95% interval), and reach: the longest length at "
+                               "90% or more"),
                ("mqar.csv", "MQAR accuracy (all queries pooled; mean over the seeds that learned, per seed in "
                             "brackets; one learned seed: its Wilson 95% interval), and reach: the longest length at 90% or more"))
 HEADLINE_TITLE = ("Headline: does a model that uses its context at the training length still use it longer, "
