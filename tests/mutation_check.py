@@ -272,7 +272,7 @@ MUTATIONS = [
      'if train.get("task") != task or not train.get("criterion_accuracy") or summary.get("learned") is not False:',
      'if True:', REACH),
     ("reach: a single learned seed's interval drops its upper bound", "relbench/evaluation/reach.py",
-     "(float(r.low), float(r.high))", "(float(r.low), float(r.low))", REACH),
+     "= (float(r.low), float(r.high))", "= (float(r.low), float(r.low))", REACH),
     ("reach: Wilson interval without the continuity of its centre", "relbench/stats.py",
      "centre = (p + z * z / (2 * trials)) / denominator", "centre = p", REACH),
     ("reach: a copy ratio whose interval reaches 1.00 counts as use of context", "relbench/reporting/overview.py",

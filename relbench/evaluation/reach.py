@@ -118,7 +118,11 @@ def reach_of(rows: pd.DataFrame, count: str, train_lengths: dict[tuple[str, int]
         mine = pooled[pooled["variant"] == variant]
         unevaluated = {s for (v, s), c in competence.items() if v == variant and c is not None and not c.learned}
         seeds = sorted({int(s) for s in mine["seed"].unique()} | unevaluated)
-        per_seed = {s: {int(r.length): float(r.accuracy) for r in mine[mine["seed"] == s].itertuples()} for s in seeds}
+        per_seed: dict[int, dict[int, float]] = {s: {} for s in seeds}
+        interval: dict[int, dict[int, tuple[float, float]]] = {s: {} for s in seeds}
+        for r in mine.itertuples():       # one pass: each seed's accuracy and Wilson interval per length
+            per_seed[int(r.seed)][int(r.length)] = float(r.accuracy)
+            interval[int(r.seed)][int(r.length)] = (float(r.low), float(r.high))
         learned = {}
         for s in seeds:
             known = competence.get((variant, s))
@@ -126,8 +130,6 @@ def reach_of(rows: pd.DataFrame, count: str, train_lengths: dict[tuple[str, int]
                 at_1x = per_seed[s].get(train_lengths.get((variant, s), -1), math.nan)
                 known = Competence(bool(at_1x >= REACH_ACCURACY), source="accuracy at 1x")
             learned[s] = known
-        interval = {s: {int(r.length): (float(r.low), float(r.high)) for r in mine[mine["seed"] == s].itertuples()}
-                    for s in seeds}
         reach = Reach(variant, seeds, learned, per_seed=per_seed, interval=interval)
         good = reach.learned_seeds
         if good:
