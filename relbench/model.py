@@ -19,11 +19,11 @@ import torch
 from torch import Tensor, nn
 
 from relbench import positions
-from relbench.attention import attention
 from relbench.attention import check as check_backend
+from relbench.attention import scheme_attention
 from relbench.config import INIT_STD, ModelConfig
 from relbench.positions.base import PositionEncoding
-from relbench.positions.plan import BiasPlan
+from relbench.positions.plan import BiasPlan, RowScaledPlan, log_keys
 
 __all__ = ["GPT", "ModelConfig"]
 
@@ -36,16 +36,30 @@ class SelfAttention(nn.Module):
         self.n_heads = config.n_heads
         self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=False)
         self.proj = nn.Linear(config.d_model, config.d_model, bias=False)
+        # Scalable-Softmax (Nakanishi 2025), "VARIANT:ssmax=true": the logits of query i, content and bias,
+        # times s_h log n_i (n_i = i + 1 keys), s_h learned per layer and head from 1 (BAM's bam_ssmax)
+        ssmax = positions.training_options(config.position).get("ssmax", False)
+        self.ssmax = nn.Parameter(torch.ones(config.n_heads)) if ssmax else None
 
     def forward(self, x: Tensor, position: PositionEncoding, plan: BiasPlan | None, backend: str,
                 observe: Observer | None = None) -> Tensor:
         B, L, D = x.shape
         q, k, v = self.qkv(x).view(B, L, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)  # (B, H, L, Dh) each
         q, k, plan = position.prepare(q, k, plan, x)                          # x: FoX's gates read the input
+        if self.ssmax is not None:
+            q, plan = scalable_softmax(q, plan, self.ssmax, k.shape[-2])
         if observe is not None:
             observe(q, k, plan)
-        y = attention(q, k, v, plan, backend)                                 # (B, H, L, Dh)
+        y = scheme_attention(position, q, k, v, plan, backend)                # (B, H, L, Dh)
         return self.proj(y.transpose(1, 2).reshape(B, L, D))                  # (B, L, D)
+
+
+def scalable_softmax(q: Tensor, plan: BiasPlan | None, scales: Tensor, k_len: int) -> tuple[Tensor, BiasPlan | None]:
+    """Queries and plan with every logit of query row i (absolute position k_len - q_len + i) times
+    scales_h * log(n_i), n_i the keys it sees: q scaled per row and head, the bias by a RowScaledPlan."""
+    q_len = q.shape[-2]
+    factor = scales.to(q.dtype)[:, None] * log_keys(k_len - q_len, k_len, q.device).to(q.dtype)   # (H, q_len)
+    return q * factor[..., None], (None if plan is None else RowScaledPlan(plan, scales))
 
 
 class MLP(nn.Module):
@@ -81,7 +95,7 @@ class GPT(nn.Module):
         options.update(config.position_options)
         cls = positions.get(name)
         shape = config.position_shape
-        copies = 1 if cls.shared_across_layers else config.n_layers
+        copies = 1 if cls.layers_share(options) else config.n_layers
         self.positions = nn.ModuleList(positions.build(name, **shape, **options) for _ in range(copies))
         self.tok = nn.Embedding(config.vocab_size, config.d_model)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
@@ -146,6 +160,8 @@ class GPT(nn.Module):
             elif isinstance(module, nn.LayerNorm):
                 module.weight.fill_(1.0)
                 module.bias.zero_()
+            elif isinstance(module, SelfAttention) and module.ssmax is not None:
+                module.ssmax.fill_(1.0)
 
     def project_parameters(self) -> None:
         """After an optimiser step: each position module restores its parameters' constraints."""

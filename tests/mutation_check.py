@@ -16,6 +16,9 @@ notice ("survived") is a gap in the tests.
     python tests/mutation_check.py -k reach     # training to criterion, reach over learned seeds, context use
     python tests/mutation_check.py -k console   # the command line's output in a pipe or a log
     python tests/mutation_check.py -k merge     # folding runs made side by side (relbench merge)
+    python tests/mutation_check.py -k BAM       # the Bayesian attention prior (bam)
+    python tests/mutation_check.py -k ssmax     # Scalable-Softmax, the training option of every scheme
+    python tests/mutation_check.py -k stick     # stick-breaking attention
 
 Not collected by pytest (its name does not start with test_); it takes a few minutes.
 """
@@ -49,6 +52,9 @@ PLUGINS = ["tests/test_plugins.py", "tests/test_contract.py"]
 JOBS = ["tests/test_jobs.py"]
 SUMMARIES = ["tests/test_summaries.py"]
 MERGE = ["tests/test_merge.py"]
+BAM = ["tests/test_bam.py", "tests/test_capabilities.py"]
+SSMAX = ["tests/test_ssmax.py"]
+STICK = ["tests/test_stickbreaking.py", "tests/test_capabilities.py"]
 MUTATIONS = [
     ("bias sign flipped on the reference path", "relbench/attention/__init__.py",
      "scores = scores + plan.full().to(scores.dtype)", "scores = scores - plan.full().to(scores.dtype)"),
@@ -57,6 +63,31 @@ MUTATIONS = [
      "return -toeplitz(self.values, first, q_end - q_start, k_end - k_start)"),
     ("ALiBi slope sign flipped", "relbench/positions/alibi.py",
      "return -self.slopes.view(", "return self.slopes.view("),
+    ("BAM's location shifts the signed offset the wrong way", "relbench/positions/bam.py",
+     "(d - self.mu.view(shape))", "(d + self.mu.view(shape))", BAM),
+    ("ssmax counts one key too many per row", "relbench/positions/plan.py",
+     "torch.arange(q_start + 1, q_end + 1, device=device", "torch.arange(q_start + 2, q_end + 2, device=device", SSMAX),
+    ("ssmax leaves the far keys' constant unscaled", "relbench/positions/plan.py",
+     "return None if constant is None else constant * self.factor(q_start, q_end)[..., 0]",
+     "return None if constant is None else constant", SSMAX),
+    ("ssmax scales the bias but not the content", "relbench/model.py",
+     "return q * factor[..., None], (None", "return q, (None", SSMAX),
+    ("ssmax's score_mod adds the unscaled bias", "relbench/positions/plan.py",
+     "return score + factor * (inner(score, b, h, q_idx, kv_idx) - score)", "return inner(score, b, h, q_idx, kv_idx)", SSMAX),
+    ("stick-breaking's product includes the key it serves", "relbench/positions/stickbreaking.py",
+     "after = torch.cat([from_key[..., 1:], torch.zeros_like(from_key[..., :1])], dim=-1)", "after = from_key", STICK),
+    ("stick-breaking drops the rest of the stick", "relbench/positions/stickbreaking.py",
+     "outputs.append(out + remainder[..., None].to(v.dtype) * v[..., offset + start: offset + end, :])",
+     "outputs.append(out)", STICK),
+    ("stick-breaking lets a query take its own key by default", "relbench/positions/stickbreaking.py",
+     "allowed = keys <= rows if attend_current else keys < rows", "allowed = keys <= rows", STICK),
+    ("stick-breaking's rows start at key 0, not at the query's position", "relbench/positions/stickbreaking.py",
+     "stick_breaking_weights(q[..., start:end, :], k[..., :keys, :], offset + start,",
+     "stick_breaking_weights(q[..., start:end, :], k[..., :keys, :], start,", STICK),
+    ("BAM's eps dropped", "relbench/positions/bam.py",
+     ".abs() + self.eps", ".abs()", BAM),
+    ("BAM's scale read as the scale, not its log", "relbench/positions/bam.py",
+     "return -self.theta_alpha.view(shape).exp() *", "return -self.theta_alpha.view(shape) *", BAM),
     ("sign of the far keys' constant flipped on the split path", "relbench/attention/fused.py",
      "far_lse = far_lse + plan.tail(horizon, n)", "far_lse = far_lse - plan.tail(horizon, n)"),
     ("query offset +1 on the chunked path", "relbench/attention/__init__.py",

@@ -50,7 +50,7 @@ DISTANCE_ONLY = [s for s in SPECS.values() if positions.scheme(s).distance_only]
 
 
 def test_distance_only_cases_are_the_relative_biases():
-    assert sorted(p.split(":")[0] for p in DISTANCE_ONLY) == ["alibi", "dynamic", "kerple-log", "kerple-power",
+    assert sorted(p.split(":")[0] for p in DISTANCE_ONLY) == ["alibi", "bam", "dynamic", "kerple-log", "kerple-power",
                                                              "sandwich", "t5", "t5-log2", "xl"]
 
 

@@ -23,7 +23,9 @@ OPTION_SPECS = ["xl:k=5", "xl:k=5,shared_heads=true", "xl:k=40,log_from=4,log_bu
                 "shaw:k=3", "shaw:k=0", "dynamic:log_distance=false", "dynamic:width=4,depth=1",
                 "fire:width=4,threshold_ratio=0.5", "sandwich:dim=16", "rope:base=100",
                 "xpos:base=100,scale_base=64", "sinusoidal:base=100,scale=0.5", "fox:bias_init=2",
-                "cope:npos_max=5", "dape:base=alibi", "dape:base=kerple,width=4"]
+                "cope:npos_max=5", "dape:base=alibi", "dape:base=kerple,width=4",
+                "bam:shape_init=2,train_mu=true,mu_init=1.5", "bam:scale_init=sampled,shape_init=linear,shared=false",
+                "bam:scale_init=0.25,train_shape=false,shape_init=2,eps=0.5", "stickbreaking:attend_current=true"]
 SPECS = ALL + OPTION_SPECS
 perturbed, measure, queries = contract.perturbed, contract.measure, contract.queries
 
@@ -49,7 +51,8 @@ def test_declared_capability_matches_behaviour(spec, capability):
     input_dependent <=> two layer inputs do; distance_only <=> the bias is Toeplitz
     on a rectangle; has_horizon <=> at a long length every row is constant beyond some distance;
     linear <=> the causal bias is -slope_h (i - j); separable <=> it is r(i) + c(j) with c not
-    constant; has_score_mod <=> the plan has a score_mod."""
+    constant; has_score_mod <=> the plan has a score_mod; replaces_softmax <=> attend() gives an output that
+    is not softmax attention's."""
     declared = getattr(positions.scheme(spec), capability)
     assert getattr(perturbed(spec), capability) == declared
     facts, _ = measure(spec)

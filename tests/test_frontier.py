@@ -75,6 +75,26 @@ def test_fox_anchored_sums_are_exact_for_every_anchor():
             torch.testing.assert_close(g[..., t - lo] - g[..., s - lo], log_f[..., s + 1: t + 1].sum(-1))
 
 
+def test_cable_is_fox_with_its_gate_negated():
+    """Cable ("Context-aware Biases for Length Extrapolation", 2025; axiomlab/Cable, src/Cable.py): per
+    head b_t = cumsum_s<=t -softplus(h(x_s)), h a linear map of the attention input, and bias(i, j) =
+    b_i - b_j. Since -softplus(z) = log sigmoid(-z), that is FoX's sum of log f_t over t = j+1 .. i
+    with the gate's weight and bias negated: no new class."""
+    enc = build("fox")
+    L = 12
+    x = randn(2, L, H * D, seed=3)
+    weight, bias = randn(H, H * D, seed=4) * 0.5, randn(H, seed=5)
+    with torch.no_grad():
+        enc.gate.weight.copy_(-weight)
+        enc.gate.bias.copy_(-bias)
+    b = torch.cumsum(-F.softplus(x @ weight.T + bias), dim=1).permute(0, 2, 1)      # (B, H, L): Cable's
+    cable = b.unsqueeze(3) - b.unsqueeze(2)
+    causal = torch.ones(L, L).tril().bool()
+    fox = enc.plan(L, L, x=x).full()
+    torch.testing.assert_close(fox[..., causal], cable[..., causal], rtol=1e-5, atol=1e-5)
+    assert torch.allclose(-F.softplus(x[..., 0]), F.logsigmoid(-x[..., 0]), atol=1e-6)
+
+
 def test_fox_is_trained_with_its_own_gates_and_needs_the_input():
     enc = build("fox:bias_init=3")
     assert torch.equal(enc.gate.bias.detach(), torch.full((H,), 3.0))

@@ -215,8 +215,8 @@ def test_parametric_variants_are_the_expected_ones():
     """The determinism test below runs over PARAMETRIC only: the other six have nothing to draw.
     A variant gaining or losing parameters must be added here, so it cannot drop out unseen."""
     assert set(PARAMETRIC) == {"learned", "xl", "t5", "t5-log2", "shaw", "dynamic", "fire", "kerple-log",
-                               "kerple-power", "transformer-xl", "fox", "cope", "dape"}
-    assert set(ALL) - set(PARAMETRIC) == {"none", "sinusoidal", "rope", "xpos", "alibi", "sandwich"}
+                               "kerple-power", "transformer-xl", "fox", "cope", "dape", "bam"}
+    assert set(ALL) - set(PARAMETRIC) == {"none", "sinusoidal", "rope", "xpos", "alibi", "sandwich", "stickbreaking"}
 
 
 def _initial_parameters(name, seed, global_seed):
@@ -243,4 +243,5 @@ def test_build_is_deterministic_per_generator(name):
         assert any(not torch.equal(a[key], other[key]) for key in a), f"{name} ignores its generator"
 
 
-ZERO_INIT = {"cope"}   # the paper's code starts its position table at zero: nothing to draw
+ZERO_INIT = {"cope",   # the paper's code starts its position table at zero: nothing to draw
+             "bam"}    # the official defaults: the scale at the ALiBi slopes, the shape at 1 (bam:scale_init=sampled draws)

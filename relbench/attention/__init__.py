@@ -265,6 +265,18 @@ def path_label(taken: Counter) -> str:
     return "+".join(sorted(taken))
 
 
+def scheme_attention(position: PositionEncoding, q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None = None,
+                     backend: str = "auto") -> Tensor:
+    """The attention `position`'s scheme computes: its own, for a scheme that replaces the softmax
+    (stick-breaking; counted by `recording()` under the scheme's name, `backend` does not apply), or
+    softmax attention with the plan's bias on `backend`."""
+    if position.replaces_softmax:
+        for taken in _RECORDERS:
+            taken[position.name] += 1
+        return position.attend(q, k, v)
+    return attention(q, k, v, plan, backend)
+
+
 def attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None = None, backend: str = "auto") -> Tensor:
     """Causal attention of q (B, H, Lq, D) over k, v (B, H, Lk, D) with `plan`'s bias (None: no bias).
 

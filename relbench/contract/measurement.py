@@ -1,6 +1,6 @@
 """What a position scheme really does, measured without reading its declarations: one boolean per
 capability (adds a bias, rotates, depends on the queries, keys or layer input, distance only, a
-horizon, linear, separable, a score_mod) and the places where its plan's extras disagree with the
+horizon, linear, separable, a score_mod, replaces softmax attention) and the places where its plan's extras disagree with the
 bias the plan materialises. The contract's capability properties (relbench/contract/properties.py)
 compare these with what the class declares; tests/test_capabilities.py runs them on every built-in.
 
@@ -22,7 +22,7 @@ TRAIN_LENGTH = 32
 RECT = (24, 100)          # a rectangle, queries the last 24 of 100 positions (past FIRE's threshold)
 LONG = 2 * 1024 + 256     # twice t5-log2's default horizon (1024) and more: every horizon shows
 CAPABILITIES = ("adds_bias", "rotates", "content_dependent", "key_dependent", "input_dependent",
-                "distance_only", "has_horizon", "linear", "separable", "has_score_mod")
+                "distance_only", "has_horizon", "linear", "separable", "has_score_mod", "replaces_softmax")
 
 
 def layer_input(enc: PositionEncoding, batch: int, k_len: int, seed: int = 0) -> torch.Tensor:
@@ -84,6 +84,14 @@ def measure(spec: str) -> tuple[dict[str, bool], list[str]]:
     q_rot, k_rot = enc.rotate(q1, k)
     facts, problems = dict.fromkeys(CAPABILITIES, False), []
     facts["rotates"] = not (torch.equal(q_rot, q1) and torch.equal(k_rot, k))
+    # replaces_softmax: attend() gives an output, and not softmax attention's (stick-breaking)
+    v = torch.randn(2, H, k_len, D, generator=torch.Generator().manual_seed(12))
+    own = enc.attend(q_rot, k_rot, v)
+    if own is not None:
+        from relbench.attention import reference_attention
+
+        softmax = reference_attention(q_rot, k_rot, v, enc.plan(q_len, k_len, q1, k, x) if enc.adds_bias else None)
+        facts["replaces_softmax"] = not torch.allclose(own, softmax, rtol=1e-4, atol=1e-5)
     plan = enc.plan(q_len, k_len, q1, k, x)
     facts["adds_bias"] = plan is not None
     if plan is None:

@@ -37,14 +37,16 @@ def _row_spread(values: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def attention_layers(model: GPT, tokens: torch.Tensor, reduce):
     """Run `model` on tokens (B, L) through its own forward (reference attention) and call
-    reduce(layer, logits, bias) per layer, with the pre-softmax content logits q.k/sqrt(d) of shape
-    (B, H, L, L) and the position bias broadcastable to them, or None; returns the list of results.
-    One layer's (B, H, L, L) tensors live at a time."""
+    reduce(layer, logits, bias, weights) per layer, with the pre-softmax content logits q.k/sqrt(d) of
+    shape (B, H, L, L), the position bias broadcastable to them, or None, and the attention weights of a
+    scheme that replaces the softmax (stick-breaking), or None (the softmax of logits + bias); returns
+    the list of results. One layer's (B, H, L, L) tensors live at a time."""
     out = []
 
     def observe(layer: int, q: torch.Tensor, k: torch.Tensor, plan) -> None:
         logits = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])              # (B, H, L, L)
-        out.append(reduce(layer, logits, None if plan is None else plan.full()))
+        weights = model.position(layer).attention_weights(q, k)
+        out.append(reduce(layer, logits, None if plan is None else plan.full(), weights))
 
     model(tokens, observe=observe, backend="reference")
     return out
@@ -58,7 +60,7 @@ def attention_logit_max(model: GPT, tokens: torch.Tensor) -> float:
     L = tokens.shape[-1]
     visible = torch.ones(L, L, dtype=torch.bool, device=tokens.device).tril()
 
-    def layer_max(_, logits, bias) -> float:
+    def layer_max(_, logits, bias, _weights) -> float:
         total = logits if bias is None else logits + bias
         return float(total.masked_fill(~visible, 0).abs().max())
 
@@ -75,9 +77,9 @@ def layer_statistics(model: GPT, tokens: torch.Tensor) -> list[dict[str, Any]]:
     visible = torch.ones(L, L, dtype=torch.bool, device=tokens.device).tril()   # (L, L)
     distance = torch.arange(L, device=tokens.device)[:, None] - torch.arange(L, device=tokens.device)[None, :]
 
-    def per_head(layer, logits, bias) -> list[dict[str, Any]]:
+    def per_head(layer, logits, bias, weights) -> list[dict[str, Any]]:
         bias = torch.zeros_like(logits) if bias is None else bias.expand_as(logits)
-        probs = torch.softmax((logits + bias).masked_fill(~visible, float("-inf")), dim=-1)
+        probs = torch.softmax((logits + bias).masked_fill(~visible, float("-inf")), dim=-1) if weights is None else weights
         reach = (probs * distance).sum(-1).mean(dim=(0, -1))                     # (H,)
         logit_spread, bias_spread = _row_spread(logits, visible), _row_spread(bias, visible)
         return [{"layer": layer, "head": head, "logit_spread": float(logit_spread[head]),
@@ -105,10 +107,11 @@ def window_diagnostics(model: GPT, tokens: torch.Tensor) -> dict[str, float]:
     distance = (torch.arange(L, device=tokens.device)[:, None] - torch.arange(L, device=tokens.device)[None, :]).float()
     limits: list[int] = []
 
-    def layer_window(_, logits, bias) -> tuple[float, float, int]:
+    def layer_window(_, logits, bias, weights) -> tuple[float, float, int]:
         bias_full = torch.zeros_like(logits) if bias is None else bias.expand_as(logits).float()
         total = (logits + bias_full).masked_fill(~visible, float("-inf"))
-        reach = float((torch.softmax(total, -1) * distance).sum(-1).mean())
+        probs = torch.softmax(total, -1) if weights is None else weights
+        reach = float((probs * distance).sum(-1).mean())
         largest = float((logits + bias_full).masked_fill(~visible, 0).abs().max())
         last = bias_full[..., -1, :]                                                 # (B, H, L): the last query's row
         drop = last.max(-1, keepdim=True).values - last >= HARD_WINDOW_NATS           # (B, H, L) over keys 0..L-1

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 from relbench import positions
-from relbench.attention import attention, check, flush_denormals, path_label, recording
+from relbench.attention import check, flush_denormals, path_label, recording, scheme_attention
 from relbench.cost import memory
 from relbench.errors import RelbenchError
 from relbench.positions.base import PositionEncoding
@@ -197,7 +197,8 @@ def profile_one(spec: str, backend: str, length: int, batch: int = 1, heads: int
             build = measure(lambda: position_terms(position, q, k, length, x), device, repeats, peak=peak)
             q_rot, k_rot, plan = position_terms(position, q, k, length, x)
             with recording() as taken:
-                attend = measure(lambda plan=plan: attention(q_rot, k_rot, v, plan, backend), device, repeats, peak=peak)
+                attend = measure(lambda plan=plan: scheme_attention(position, q_rot, k_rot, v, plan, backend), device, repeats,
+                                 peak=peak)
             row["path"] = path_label(taken)
         del plan
         row.update(bias_ms=build.median_ms, bias_min_ms=build.min_ms, bias_max_ms=build.max_ms,
@@ -227,7 +228,7 @@ def _can_train(backend: str, position: PositionEncoding, device: torch.device) -
 def _forward_backward(position, q, k, v, length, backend, x=None) -> None:
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
     q_rot, k_rot, plan = position_terms(position, q, k, length, x)
-    out = attention(q_rot, k_rot, v, plan, backend)
+    out = scheme_attention(position, q_rot, k_rot, v, plan, backend)
     out.sum().backward()
     position.zero_grad(set_to_none=True)
 

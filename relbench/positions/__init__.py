@@ -10,6 +10,7 @@
 from relbench.positions import (  # noqa: F401  (importing a module registers its variants and evaluation forms)
     absolute,
     alibi,
+    bam,
     cope,
     dape,
     dynamic,
@@ -21,6 +22,7 @@ from relbench.positions import (  # noqa: F401  (importing a module registers it
     rope_forms,
     sandwich,
     shaw,
+    stickbreaking,
     t5,
     table_forms,
     transformer_xl,

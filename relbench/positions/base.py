@@ -98,6 +98,7 @@ class PositionEncoding(nn.Module):
     linear: ClassVar[bool] = False           # the causal bias is exactly -slope_h * (i - j) (ALiBi)
     separable: ClassVar[bool] = False        # the causal bias is r(i) + c(j), c not constant (ALiBi, FoX)
     has_score_mod: ClassVar[bool] = False    # the plan can be written as a FlexAttention score_mod
+    replaces_softmax: ClassVar[bool] = False  # attend() computes the attention itself (stick-breaking)
 
     # an evaluation form (positions/forms.py: YaRN, log-n scaling, ...) set on a trained model's
     # encodings by `forms.apply`; None: the scheme as trained. It holds no weights.
@@ -152,6 +153,17 @@ class PositionEncoding(nn.Module):
             plan = None if plan is None else plan.scaled(scale)
         return q, k, plan
 
+    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor | None:
+        """The attention output (B, H, Lq, D) of a scheme that replaces softmax attention (declares
+        `replaces_softmax`), from q and k as `prepare` returns them; None here: softmax attention, with
+        the plan's bias, on the backend the model chose."""
+        return None
+
+    def attention_weights(self, q: Tensor, k: Tensor) -> Tensor | None:
+        """(B, H, Lq, Lk) weights of a scheme that replaces softmax attention, for `relbench inspect`;
+        None here: the softmax of the logits and the plan's bias."""
+        return None
+
     def reset_parameters(self, generator: torch.Generator) -> None:
         """Initialise the scheme's own parameters from `generator` (deterministic per seed)."""
 
@@ -167,6 +179,12 @@ class PositionEncoding(nn.Module):
         if self.max_length is not None and length > self.max_length:
             raise UnsupportedLength(
                 f'"{self.name}" represents positions below {self.max_length} only; length {length} is beyond it')
+
+    @classmethod
+    def layers_share(cls, options: dict[str, Any]) -> bool:
+        """Whether one instance built with `options` serves every layer; the class's declaration unless
+        an option decides it (bam's `shared`)."""
+        return cls.shared_across_layers
 
     @classmethod
     def options(cls) -> dict[str, inspect.Parameter]:
@@ -264,7 +282,9 @@ def _training_option(name: str, default: Any) -> inspect.Parameter:
 
 
 # options every variant takes that concern how it is trained, not the scheme itself
-TRAINING_OPTIONS = {"position_lr_scale": _training_option("position_lr_scale", 1.0)}
+# (ssmax: Scalable-Softmax, each layer's logits times s_h log n, s_h learned from 1: model.py's SelfAttention)
+TRAINING_OPTIONS = {"position_lr_scale": _training_option("position_lr_scale", 1.0),
+                    "ssmax": _training_option("ssmax", False)}
 
 
 def _parse(spec: str) -> tuple[str, dict[str, Any]]:
@@ -342,6 +362,12 @@ class Form:
     @classmethod
     def applies(cls, scheme: type[PositionEncoding]) -> bool:
         return issubclass(scheme, cls.applies_to)
+
+    @classmethod
+    def layers_share(cls, options: dict[str, Any]) -> bool:
+        """Whether one instance built with `options` serves every layer; the class's declaration unless
+        an option decides it (bam's `shared`)."""
+        return cls.shared_across_layers
 
     @classmethod
     def options(cls) -> dict[str, inspect.Parameter]:

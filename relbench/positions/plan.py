@@ -135,6 +135,63 @@ class BiasPlan(abc.ABC):
         return ScaledPlan(self, factor)
 
 
+def log_keys(q_start: int, q_end: int, device=None) -> Tensor:
+    """(q,) log n for the query positions [q_start, q_end): n = p + 1, the keys a causal query at p sees."""
+    return torch.arange(q_start + 1, q_end + 1, device=device, dtype=torch.float32).log()
+
+
+class RowScaledPlan(BiasPlan):
+    """Scalable-Softmax's factor on another plan's bias: row i (absolute position p) times s_h log(p + 1),
+    `scales` the (H,) s_h, learned. The horizon survives (a constant row stays constant); distance-only,
+    linear and separable do not (the factor depends on the query), so the toeplitz and split-linear
+    paths give way to split or chunked. The score_mod adds s_h log n times the inner bias to a score that
+    the caller has scaled already (q times the factor)."""
+
+    def __init__(self, inner: BiasPlan, scales: Tensor):
+        super().__init__(inner.n_heads, inner.q_len, inner.k_len)
+        self.inner, self.scales = inner, scales                          # (H,)
+        self.horizon = inner.horizon
+        self.flex_trains = inner.flex_trains
+
+    def factor(self, q_start: int, q_end: int) -> Tensor:
+        """(H, q, 1): s_h log n of the query rows [q_start, q_end)."""
+        return (self.scales[:, None] * log_keys(q_start, q_end, self.scales.device))[..., None]
+
+    def block(self, q_start: int, q_end: int, k_start: int, k_end: int) -> Tensor:
+        return self.inner.block(q_start, q_end, k_start, k_end) * self.factor(q_start, q_end)
+
+    def causal_block(self, q_start: int, q_end: int, k_end: int) -> Tensor:
+        # factor 0 at position 0 (log 1) would make 0 * -inf a NaN: mask after scaling
+        scaled = self.block(q_start, q_end, 0, k_end)
+        return scaled.masked_fill(distance_grid(q_start, q_end, 0, k_end, scaled.device) < 0, float("-inf"))
+
+    def band(self, q_start: int, q_end: int, horizon: int) -> Tensor:
+        return self.inner.band(q_start, q_end, horizon) * self.factor(q_start, q_end)
+
+    def tail(self, q_start: int, q_end: int) -> Tensor | None:
+        constant = self.inner.tail(q_start, q_end)
+        return None if constant is None else constant * self.factor(q_start, q_end)[..., 0]
+
+    @property
+    def has_score_mod(self) -> bool:
+        return self.inner.has_score_mod
+
+    def score_mod(self) -> Callable | None:
+        inner, scales, first = self.inner.score_mod(), self.scales, self.k_len - self.q_len
+        if inner is None:
+            return None
+
+        def row_scaled_score(score, b, h, q_idx, kv_idx):
+            factor = scales[h] * torch.log((q_idx + first + 1).to(torch.float32))
+            return score + factor * (inner(score, b, h, q_idx, kv_idx) - score)
+
+        return row_scaled_score
+
+    @property
+    def requires_grad(self) -> bool:
+        return self.inner.requires_grad or self.scales.requires_grad
+
+
 class DistancePlan(BiasPlan):
     """A bias that depends on i - j alone: `values[h, d - first_distance]` for distance d, over every
     distance the (q_len, k_len) grid contains, 1 - q_len .. k_len - 1."""
