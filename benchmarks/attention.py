@@ -20,8 +20,9 @@ such as "within 1.1x of unbiased attention".
     python benchmarks/attention.py --paired-only --lengths 4096 16384   # every scheme, paired only
 
 The full table covers xl, t5, alibi, shaw and rope by default (every backend of every scheme is
-hours on 2 cores); the paired table alone (--paired-only) covers every scheme that adds a bias or
-rotates q and k. --variants names others.
+hours on 2 cores); the paired table alone (--paired-only) covers every scheme that adds a bias,
+rotates q and k or replaces the softmax (stick-breaking). --variants names others, with their options:
+"alibi:ssmax=true" times Scalable-Softmax's per-row factor on top of the scheme.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ from relbench.cost.profiling import profile_run
 BIAS_VARIANTS = ["xl", "t5", "alibi", "shaw"]
 OTHER_VARIANTS = ["rope"]
 # the paired table's default: every scheme whose attention call differs from unbiased SDPA
-EVERY_SCHEME = [n for n in positions.names() if positions.get(n).adds_bias or positions.get(n).rotates]
+EVERY_SCHEME = [n for n in positions.names()
+                if positions.get(n).adds_bias or positions.get(n).rotates or positions.get(n).replaces_softmax]
 
 
 def total_ms(row) -> float:
@@ -90,8 +92,9 @@ def paired_ratios(specs: list[str], lengths: list[int], batch: int, heads: int, 
     import torch.nn.functional as F
 
     from relbench import positions
-    from relbench.attention import attention, flush_denormals, path_label, recording
+    from relbench.attention import flush_denormals, path_label, recording, scheme_attention
     from relbench.cost.profiling import interleaved, paired, position_terms
+    from relbench.model import scalable_softmax
 
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     device_type = torch.device(device).type
@@ -117,10 +120,16 @@ def paired_ratios(specs: list[str], lengths: list[int], batch: int, heads: int, 
                 x = (torch.randn(batch, length, position.d_model, generator=generator).to(device)
                      if position.input_dependent else None)              # FoX's gates read the layer input
 
-                def run(_: int, position=position, x=x, q=q, k=k, v=v, length=length) -> None:
+                # "VARIANT:ssmax=true": the model's per-row factor s_h log n on top, s_h = 1 as trained from
+                scales = (torch.ones(heads, device=device)
+                          if positions.training_options(spec).get("ssmax") else None)
+
+                def run(_: int, position=position, x=x, q=q, k=k, v=v, length=length, scales=scales) -> None:
                     with autocast():
                         q_rot, k_rot, plan = position_terms(position, q, k, length, x)
-                        out = attention(q_rot, k_rot, v, plan, "auto")
+                        if scales is not None:
+                            q_rot, plan = scalable_softmax(q_rot, plan, scales, length)
+                        out = scheme_attention(position, q_rot, k_rot, v, plan, "auto")
                     if backward:
                         out.float().sum().backward()
 
