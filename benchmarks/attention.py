@@ -121,14 +121,16 @@ def paired_ratios(specs: list[str], lengths: list[int], batch: int, heads: int, 
                      if position.input_dependent else None)              # FoX's gates read the layer input
 
                 # "VARIANT:ssmax=true": the model's per-row factor s_h log n on top, s_h = 1 as trained from
-                scales = (torch.ones(heads, device=device)
-                          if positions.training_options(spec).get("ssmax") else None)
+                options = positions.training_options(spec)
+                scales = torch.ones(heads, device=device) if options.get("ssmax") else None
+                scale_bias = options.get("ssmax_bias", True)
 
-                def run(_: int, position=position, x=x, q=q, k=k, v=v, length=length, scales=scales) -> None:
+                def run(_: int, position=position, x=x, q=q, k=k, v=v, length=length, scales=scales,
+                        scale_bias=scale_bias) -> None:
                     with autocast():
                         q_rot, k_rot, plan = position_terms(position, q, k, length, x)
                         if scales is not None:
-                            q_rot, plan = scalable_softmax(q_rot, plan, scales, length)
+                            q_rot, plan = scalable_softmax(q_rot, plan, scales, length, scale_bias)
                         out = scheme_attention(position, q_rot, k_rot, v, plan, "auto")
                     if backward:
                         out.float().sum().backward()

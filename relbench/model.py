@@ -38,8 +38,9 @@ class SelfAttention(nn.Module):
         self.proj = nn.Linear(config.d_model, config.d_model, bias=False)
         # Scalable-Softmax (Nakanishi 2025), "VARIANT:ssmax=true": the logits of query i, content and bias,
         # times s_h log n_i (n_i = i + 1 keys), s_h learned per layer and head from 1 (BAM's bam_ssmax)
-        ssmax = positions.training_options(config.position).get("ssmax", False)
-        self.ssmax = nn.Parameter(torch.ones(config.n_heads)) if ssmax else None
+        options = positions.training_options(config.position)
+        self.ssmax = nn.Parameter(torch.ones(config.n_heads)) if options.get("ssmax", False) else None
+        self.ssmax_bias = options.get("ssmax_bias", True)     # false: the content logits only
 
     def forward(self, x: Tensor, position: PositionEncoding, plan: BiasPlan | None, backend: str,
                 observe: Observer | None = None) -> Tensor:
@@ -47,19 +48,21 @@ class SelfAttention(nn.Module):
         q, k, v = self.qkv(x).view(B, L, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)  # (B, H, L, Dh) each
         q, k, plan = position.prepare(q, k, plan, x)                          # x: FoX's gates read the input
         if self.ssmax is not None:
-            q, plan = scalable_softmax(q, plan, self.ssmax, k.shape[-2])
+            q, plan = scalable_softmax(q, plan, self.ssmax, k.shape[-2], self.ssmax_bias)
         if observe is not None:
             observe(q, k, plan)
         y = scheme_attention(position, q, k, v, plan, backend)                # (B, H, L, Dh)
         return self.proj(y.transpose(1, 2).reshape(B, L, D))                  # (B, L, D)
 
 
-def scalable_softmax(q: Tensor, plan: BiasPlan | None, scales: Tensor, k_len: int) -> tuple[Tensor, BiasPlan | None]:
+def scalable_softmax(q: Tensor, plan: BiasPlan | None, scales: Tensor, k_len: int,
+                     bias: bool = True) -> tuple[Tensor, BiasPlan | None]:
     """Queries and plan with every logit of query row i (absolute position k_len - q_len + i) times
-    scales_h * log(n_i), n_i the keys it sees: q scaled per row and head, the bias by a RowScaledPlan."""
+    scales_h * log(n_i), n_i the keys it sees: q scaled per row and head, the bias by a RowScaledPlan
+    (with `bias` false the bias is left as it is: the content logits alone are scaled)."""
     q_len = q.shape[-2]
     factor = scales.to(q.dtype)[:, None] * log_keys(k_len - q_len, k_len, q.device).to(q.dtype)   # (H, q_len)
-    return q * factor[..., None], (None if plan is None else RowScaledPlan(plan, scales))
+    return q * factor[..., None], (RowScaledPlan(plan, scales) if plan is not None and bias else plan)
 
 
 class MLP(nn.Module):

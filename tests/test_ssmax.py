@@ -96,8 +96,29 @@ def test_a_model_trains_its_scales_from_one_and_counts_them():
     assert not torch.allclose(model(tokens), plain(tokens))
 
 
+@torch.no_grad()
+def test_content_only_leaves_the_bias_as_it_is():
+    """ssmax_bias=false (BAM's official ALiBi+SSMax): (q.k / sqrt(d)) * s_h log n + bias, the bias unscaled;
+    the plan keeps its fast paths (alibi stays distance-only)."""
+    enc = encoding("alibi")
+    q, k, v = qkv(40, 40)
+    q, k, inner = enc.prepare(q, k)
+    q_s, plan = scalable_softmax(q, inner, SCALES, 40, bias=False)
+    assert plan is inner and plan.distance_only
+    rows = torch.arange(40)
+    factor = SCALES[:, None] * torch.log(rows.float() + 1)
+    logits = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])) * factor[..., None] + inner.full()
+    want = torch.softmax(logits.masked_fill(rows[:, None] < rows[None, :], float("-inf")), -1) @ v
+    torch.testing.assert_close(attention(q_s, k, v, plan, "auto"), want, rtol=1e-4, atol=1e-5)
+    model = GPT(ModelConfig(vocab_size=256, d_model=32, n_layers=2, n_heads=4, train_length=64,
+                            position="alibi:ssmax=true,ssmax_bias=false"), seed=0)
+    assert not model.blocks[0].attn.ssmax_bias and model.blocks[0].attn.ssmax is not None
+
+
 def test_the_option_is_parsed_like_the_other_training_options():
     assert positions.training_options("bam:ssmax=true") == {"ssmax": True}
     assert positions.parse_spec("bam:ssmax=true,shape_init=2") == ("bam", {"shape_init": "2"})
     with pytest.raises(UsageError, match="ssmax"):
         positions.training_options("alibi:ssmax=maybe")
+    with pytest.raises(UsageError, match="add ssmax=true"):
+        positions.training_options("alibi:ssmax_bias=false")

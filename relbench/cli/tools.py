@@ -60,7 +60,8 @@ def variants_command(
         options = ", ".join(f"{k}={p.default}" for k, p in type(enc).options().items())
         table.add_row(escape(name), enc.family, escape(enc.formula), params if per else "0", escape(options))
     table.caption = ("Every variant also takes position_lr_scale=X (its position parameters' learning-rate multiplier) "
-                     "and ssmax=true (Scalable-Softmax: each row's logits times s_h log n, s_h learned per layer and head)")
+                     "and ssmax=true (Scalable-Softmax: each row's logits times s_h log n, s_h learned per layer and head; "
+                     "ssmax_bias=false scales q.k only)")
     table.caption_justify = "left"
     console.print(table)
 

@@ -282,9 +282,11 @@ def _training_option(name: str, default: Any) -> inspect.Parameter:
 
 
 # options every variant takes that concern how it is trained, not the scheme itself
-# (ssmax: Scalable-Softmax, each layer's logits times s_h log n, s_h learned from 1: model.py's SelfAttention)
+# (ssmax: Scalable-Softmax, each layer's logits times s_h log n, s_h learned from 1: model.py's SelfAttention;
+# ssmax_bias=false scales the content logits q.k only, as BAM's official ALiBi+SSMax model does)
 TRAINING_OPTIONS = {"position_lr_scale": _training_option("position_lr_scale", 1.0),
-                    "ssmax": _training_option("ssmax", False)}
+                    "ssmax": _training_option("ssmax", False),
+                    "ssmax_bias": _training_option("ssmax_bias", True)}
 
 
 def _parse(spec: str) -> tuple[str, dict[str, Any]]:
@@ -298,6 +300,8 @@ def _parse(spec: str) -> tuple[str, dict[str, Any]]:
                             f'option of "{name}"')
     if "position_lr_scale" in options and not options["position_lr_scale"] > 0:
         raise UsageError(f'position_lr_scale in variant "{spec}" must be positive')
+    if "ssmax_bias" in options and not options.get("ssmax"):
+        raise UsageError(f'ssmax_bias in variant "{one_line(spec)}" says what Scalable-Softmax scales: add ssmax=true')
     return name, options
 
 
