@@ -15,6 +15,7 @@ registered task; extrapolate.py plans units of work from them and never names a 
 from __future__ import annotations
 
 import abc
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -67,12 +68,32 @@ class Job:
     force: bool = False
     mqar_pairs: int = 4     # mqar: key-value pairs per trial (the run's training value when it trained on mqar)
     not_learned: bool = False   # also evaluate a task on models trained to criterion on it that did not learn it
+    announce: Callable[[str], None] | None = None   # prints, before a long retrieval cell, its cost per trial
 
     @staticmethod
     def trained_pairs(run_config: dict[str, Any]) -> int:
         """The mqar pairs a run's config.json says its models trained on; 4 for a run of another task."""
         train = run_config.get("train", {})
         return int(train.get("mqar_pairs", 4)) if train.get("task") == "mqar" else 4
+
+
+ANNOUNCE_FROM = 16   # a retrieval cell at this many times the training length or more announces its cost first
+
+
+def announce_cost(job: Job, task: str, label: str, base: dict[str, Any], length: int, trials: int,
+                  one_trial: Callable[[], Any]) -> None:
+    """Time `one_trial` (the cell's first trial, which the cell then runs again with the rest) and say
+    what the cell will take, when `job.announce` is set and `length` is ANNOUNCE_FROM x the training
+    length or more: at 512x one cell is minutes to hours, and the user learns which before it starts."""
+    train_length = base.get("train_length") or length
+    if job.announce is None or length < ANNOUNCE_FROM * train_length or trials < 2:
+        return
+    start = time.perf_counter()
+    one_trial()
+    seconds = time.perf_counter() - start
+    total = seconds * trials
+    job.announce(f"{label} {task} L={length}: {seconds:.2f} s for one trial (timed alone), {trials} trials: "
+                 f"about {f'{total:.0f} s' if total < 120 else f'{total / 60:.1f} min'} for this length")
 
 
 def update(task_csv: str, key: list[str] | tuple[str, ...], rows: list[dict[str, Any]]) -> Update:
@@ -273,6 +294,9 @@ class PasskeyEvaluator(Evaluator):
         # filler whatever was computed before
         plan = [t for t in passkey.trials(tokens.size, length, list(PASSKEY_DEPTHS), job.trials) if t.depth in depths]
         if outcome is None:
+            announce_cost(job, "passkey", f"{base['variant']:<12} seed {base['seed']}", base, length, len(plan),
+                          lambda: passkey.accuracy(model, tokens, plan[:1], length, job.tokenizer, job.device,
+                                                   job.max_batch_tokens))
             outcome = guarded(lambda: passkey.accuracy(model, tokens, plan, length, job.tokenizer, job.device,
                                                        job.max_batch_tokens), length, job.device)
         rows = []
@@ -317,6 +341,9 @@ class MqarEvaluator(Evaluator):
         plan = [t for t in mqar.trials(tokens.size, length, list(MQAR_DEPTHS), job.trials, job.mqar_pairs,
                                        vocab_size=job.tokenizer.vocab_size) if t.depth in depths]
         if outcome is None:
+            announce_cost(job, "mqar", f"{base['variant']:<12} seed {base['seed']}", base, length, len(plan),
+                          lambda: mqar.accuracy(model, tokens, plan[:1], length, job.tokenizer, job.device,
+                                                job.max_batch_tokens))
             outcome = guarded(lambda: mqar.accuracy(model, tokens, plan, length, job.tokenizer, job.device,
                                                     job.max_batch_tokens), length, job.device)
         out = []
