@@ -185,6 +185,14 @@ def test_spread_variadic():
     assert spread_variadic(["x", "--lengths", "-5"]) == ["x", "--lengths", "-5"]
     assert spread_variadic(["x", "--lengths"]) == ["x", "--lengths"]
 
+    # a variant's own options stay with it; a comma before another variant still splits
+    given = ["train", "--variants", "t5:num_buckets=8,max_distance=12,xl", "alibi:ssmax=true,ssmax_bias=false"]
+    assert spread_variadic(given) == [
+        "train", "--variants", "t5:num_buckets=8,max_distance=12", "--variants", "xl",
+        "--variants", "alibi:ssmax=true,ssmax_bias=false"]
+    assert spread_variadic(["x", "--variants", "xl,rope@yarn:factor=16,alpha=2"]) == [
+        "x", "--variants", "xl", "--variants", "rope@yarn:factor=16,alpha=2"]
+
 
 def test_profile_writes_rows_and_report_shows_them(tmp_path):
     result = run("profile", "--lengths", 64, "--variants", "xl", "alibi", "--attention", "reference", "split",

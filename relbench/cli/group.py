@@ -29,7 +29,7 @@ def spread_variadic(args: list[str]) -> list[str]:
             current = arg
             continue
         if current and (not arg.startswith("-") or re.fullmatch(r"-\d+(\.\d*)?", arg)):
-            for value in filter(None, arg.split(",")):
+            for value in (variant_values(arg) if current == "--variants" else filter(None, arg.split(","))):
                 out += [current, value]
             continue
         if current and not any(o == current for o in out[-2:-1]):
@@ -39,6 +39,20 @@ def spread_variadic(args: list[str]) -> list[str]:
     if current and not any(o == current for o in out[-2:-1]):
         out.append(current)
     return out
+
+
+def variant_values(arg: str) -> list[str]:
+    """The variant specs of one --variants value: "xl,alibi" is two, but a comma followed by a
+    key=value (no ":" before its "=") continues the spec before it, so "t5:num_buckets=8,max_distance=12"
+    and "alibi:ssmax=true,ssmax_bias=false" stay one spec each."""
+    specs: list[str] = []
+    for piece in filter(None, arg.split(",")):
+        option = "=" in piece and ":" not in piece.split("=", 1)[0]
+        if option and specs:
+            specs[-1] += "," + piece
+        else:
+            specs.append(piece)
+    return specs
 
 
 def is_click_error(error: Exception) -> bool:
