@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Regenerates results/bam: the retrieval preset's passkey protocol (2 layers, d 64, length 128, trained to
+# criterion: 95% on 50 validation trials held for two checks, cap 5,000 steps) for the 2025 schemes beside
+# alibi, seed 0; passkey at 1x-64x (128-8192, 70 trials per length), bam also at 256x and 512x
+# (32768, 65536: about 9 and 23 min of one core on the Xeon host); then the learned prior (prior.py).
+# Run from the repository root; a stopped run resumes where it stopped.
+#   SEEDS="0 1 2" bash results/bam/regenerate.sh
+set -euo pipefail
+RUN=${RUN:-results/bam}
+SEEDS=${SEEDS:-0}
+VARIANTS=${VARIANTS:-"bam bam:ssmax=true alibi alibi:ssmax=true alibi:ssmax=true,ssmax_bias=false stickbreaking"}
+for seed in $SEEDS; do
+  relbench train --preset retrieval --seeds "$seed" --variants $VARIANTS --run-dir "$RUN"
+  relbench extrapolate --run-dir "$RUN" --seeds "$seed" --variants $VARIANTS --task passkey
+  relbench extrapolate --run-dir "$RUN" --seeds "$seed" --variants bam --task passkey --lengths 32768 65536
+done
+relbench report --run-dir "$RUN"
+python results/bam/prior.py --run-dir "$RUN"
