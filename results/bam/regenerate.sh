@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Regenerates results/bam: the retrieval preset's passkey protocol (2 layers, d 64, length 128, trained to
 # criterion: 95% on 50 validation trials held for two checks, cap 5,000 steps) for the 2025 schemes beside
-# alibi, seed 0; passkey at 1x-64x (128-8192, 70 trials per length), bam also at 256x and 512x
+# alibi; passkey at 1x-64x (128-8192, 70 trials per length), bam also at 256x and 512x
 # (32768, 65536: about 9 and 23 min of one core on the Xeon host); then the learned prior (prior.py).
 # Run from the repository root; a stopped run resumes where it stopped.
-#   SEEDS="0 1 2" bash results/bam/regenerate.sh
+#   SEEDS="0 1 2" bash results/bam/regenerate.sh   (committed: seeds 0-2 of bam and alibi, seed 0 of the rest)
 set -euo pipefail
 RUN=${RUN:-results/bam}
 SEEDS=${SEEDS:-0}
