@@ -11,67 +11,14 @@ from __future__ import annotations
 
 import abc
 import inspect
-import math
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from relbench.errors import NameTaken, UsageError, one_line, unknown
+from relbench.errors import UsageError, one_line, unknown
 from relbench.positions.plan import BiasPlan, DistancePlan
-
-
-class Registry:
-    """Named classes of one kind (position variants; evaluation forms in positions/forms.py): a class
-    decorator that registers, the sorted names, and a lookup that refuses an unknown name in one line."""
-
-    def __init__(self, kind: str):
-        self.kind = kind
-        self._classes: dict[str, type] = {}
-        self.base: type | None = None      # what every registered class must subclass (set once it exists)
-
-    def register(self, name: str):
-        def decorate(cls):
-            if self.base is not None and not (isinstance(cls, type) and issubclass(cls, self.base)):
-                raise UsageError(f'@register("{one_line(name)}") decorates {getattr(cls, "__name__", cls)!r}, '
-                                 f"which is not a subclass of {self.base.__name__}")
-            if name in self._classes:
-                raise NameTaken(self.kind, name)
-            cls.name = name
-            self._classes[name] = cls
-            return cls
-
-        return decorate
-
-    def unregister(self, name: str) -> None:
-        """Forget `name` (a plugin whose import failed halfway, a test's own variant)."""
-        self._classes.pop(name, None)
-
-    def names(self) -> list[str]:
-        return sorted(self._classes)
-
-    def get(self, name: str) -> type:
-        try:
-            return self._classes[name]
-        except KeyError:
-            raise unknown(self.kind, name, self.names()) from None
-
-
-def parse_options(text: str, allowed: dict[str, inspect.Parameter], spec: str, where: str, label: str) -> dict[str, Any]:
-    """The typed options of "key=value,key=value" (`text`, from `spec`), each a parameter in `allowed`:
-    a missing value ("... `where` needs a value"), an unknown key (`label`, with the allowed ones) and a
-    bad value are each refused in one line."""
-    options: dict[str, Any] = {}
-    for item in filter(None, (s.strip() for s in text.split(","))):
-        key, eq, raw = item.partition("=")
-        key = key.strip()
-        if not eq:
-            raise UsageError(f'option "{one_line(item)}" {where} needs a value: write {key}=VALUE')
-        if key not in allowed:
-            raise unknown(label, key, sorted(allowed) or ["(none)"])
-        options[key] = convert_option(raw.strip(), allowed[key], spec)
-    return options
-
+from relbench.positions.registry import Registry, convert_option, parse_options  # noqa: F401 (re-exported)
 
 _REGISTRY: Registry = Registry("position variant")
 
@@ -315,28 +262,6 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
 def training_options(spec: str) -> dict[str, Any]:
     """The training options a spec sets, e.g. {"position_lr_scale": 10.0} for "xl:position_lr_scale=10"."""
     return {k: v for k, v in _parse(spec)[1].items() if k in TRAINING_OPTIONS}
-
-
-def convert_option(raw: str, param: inspect.Parameter, spec: str) -> Any:
-    """`raw` as the type of `param`'s default (bool, int, float or str), or a UsageError naming `spec`."""
-    kind = type(param.default) if param.default is not inspect.Parameter.empty else str
-    try:
-        if kind is bool:
-            if raw.lower() in {"1", "true", "yes", "on"}:
-                return True
-            if raw.lower() in {"0", "false", "no", "off"}:
-                return False
-            raise ValueError
-        if kind is int:
-            return int(raw)
-        if kind is float:
-            value = float(raw)
-            if not math.isfinite(value):
-                raise ValueError
-            return value
-        return raw
-    except ValueError:
-        raise UsageError(f'option {param.name}={raw} in variant "{spec}" is not a valid {kind.__name__}') from None
 
 
 def build_spec(spec: str, **shape: Any) -> PositionEncoding:
