@@ -320,7 +320,7 @@ MUTATIONS = [
      "    declared = measure(spec)[0][capability]", PLUGINS),
     ("plugins: a file changed since training is used without a word", "relbench/positions/plugins.py",
      'if now != record["sha256"] and not accept_change:', "if False:", PLUGINS),
-    ("plugins: a class that is not a PositionEncoding is registered", "relbench/positions/base.py",
+    ("plugins: a class that is not a PositionEncoding is registered", "relbench/positions/registry.py",
      "if self.base is not None and not (isinstance(cls, type) and issubclass(cls, self.base)):", "if False:", PLUGINS),
     ("tasks: the adjacent copy (inputs of no evaluated length) is never evaluated", "relbench/evaluation/evaluators.py",
      "if n == length or (index == 0 and n not in job.lengths)]", "if n == length]", ["tests/test_cli.py"]),
