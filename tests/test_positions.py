@@ -41,6 +41,15 @@ def test_registry_names_and_unknown():
     assert 'did you mean "alibi"' in str(info.value) and "xl" in str(info.value)
 
 
+def test_an_option_whose_default_is_none_takes_the_type_its_annotation_names():
+    # sinusoidal's scale defaults to None (d^-1/2) and is a float: it was once kept as the string "0.5"
+    enc = positions.build_spec("sinusoidal:scale=0.5", n_heads=2, head_dim=8, train_length=16)
+    assert enc.scale == 0.5 and isinstance(enc.scale, float)
+    torch.testing.assert_close(enc.embed(4), positions.build("sinusoidal", n_heads=2, head_dim=8).embed(4) * 0.5 / 16 ** -0.5)
+    with pytest.raises(RelbenchError, match="not a valid float"):
+        positions.build_spec("sinusoidal:scale=big", n_heads=2, head_dim=8)
+
+
 def test_unknown_option_is_rejected():
     with pytest.raises(RelbenchError, match="k"):
         positions.build("xl", n_heads=8, kk=3)

@@ -62,9 +62,18 @@ def parse_options(text: str, allowed: dict[str, inspect.Parameter], spec: str, w
     return options
 
 
+def _annotated(annotation: Any) -> type:
+    """bool, int or float when an annotation (a type, or a string under postponed evaluation) names
+    one of them, else str."""
+    names = annotation.replace(" ", "").split("|") if isinstance(annotation, str) else [getattr(annotation, "__name__", "")]
+    return next((kind for kind in (bool, int, float) if kind.__name__ in names), str)
+
+
 def convert_option(raw: str, param: inspect.Parameter, spec: str) -> Any:
-    """`raw` as the type of `param`'s default (bool, int, float or str), or a UsageError naming `spec`."""
-    kind = type(param.default) if param.default is not inspect.Parameter.empty else str
+    """`raw` as the type of `param`'s default (bool, int, float or str), or for a default of None as
+    the type its annotation names ("float | None": float), or a UsageError naming `spec`."""
+    default = param.default
+    kind = type(default) if default not in (inspect.Parameter.empty, None) else _annotated(param.annotation)
     try:
         if kind is bool:
             if raw.lower() in {"1", "true", "yes", "on"}:
