@@ -22,6 +22,7 @@ from relbench import positions
 from relbench.attention import check as check_backend
 from relbench.attention import scheme_attention
 from relbench.config import INIT_STD, ModelConfig
+from relbench.errors import UsageError
 from relbench.positions.base import PositionEncoding
 from relbench.positions.plan import BiasPlan, RowScaledPlan, log_keys
 
@@ -43,10 +44,10 @@ class SelfAttention(nn.Module):
         self.ssmax_bias = options.get("ssmax_bias", True)     # false: the content logits only
 
     def forward(self, x: Tensor, position: PositionEncoding, plan: BiasPlan | None, backend: str,
-                observe: Observer | None = None) -> Tensor:
+                observe: Observer | None = None, positions: Tensor | None = None) -> Tensor:
         B, L, D = x.shape
         q, k, v = self.qkv(x).view(B, L, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)  # (B, H, L, Dh) each
-        q, k, plan = position.prepare(q, k, plan, x)                          # x: FoX's gates read the input
+        q, k, plan = position.prepare(q, k, plan, x, positions)               # x: FoX's gates read the input
         if self.ssmax is not None:
             q, plan = scalable_softmax(q, plan, self.ssmax, k.shape[-2], self.ssmax_bias)
         if observe is not None:
@@ -85,8 +86,8 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x: Tensor, position: PositionEncoding, plan: BiasPlan | None, backend: str,
-                observe: Observer | None = None) -> Tensor:
-        x = x + self.attn(self.ln_attn(x), position, plan, backend, observe)
+                observe: Observer | None = None, positions: Tensor | None = None) -> Tensor:
+        x = x + self.attn(self.ln_attn(x), position, plan, backend, observe, positions)
         return x + self.mlp(self.ln_mlp(x))
 
 
@@ -104,6 +105,13 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         self.ln_out = nn.LayerNorm(config.d_model)
         check_backend(config.attention, cls)
+        # randomized positions (VARIANT:random_positions=N): training draws each sequence's positions
+        # from [0, N) (training/batches.py: random_positions) and passes them to forward
+        self.random_positions = int(positions.training_options(config.position).get("random_positions", 0))
+        if self.random_positions and self.random_positions <= config.train_length:
+            raise UsageError(f'random_positions={self.random_positions} in variant "{config.position}" draws the '
+                             f"positions of a training sequence from [0, N): N must exceed the training length "
+                             f"{config.train_length}")
         self.reset_parameters(seed)
 
     def position(self, layer: int) -> PositionEncoding:
@@ -115,25 +123,30 @@ class GPT(nn.Module):
         return self.positions[0].max_length
 
     def forward(self, tokens: Tensor, observe: Callable[[int, Tensor, Tensor, BiasPlan | None], None] | None = None,
-                backend: str | None = None) -> Tensor:
+                backend: str | None = None, positions: Tensor | None = None) -> Tensor:
         """Logits (B, L, V) for tokens (B, L). `observe(layer, q, k, plan)`, when given, sees each
         layer's rotated queries and keys and its bias plan just before attention (relbench inspect
-        reads attention from here); `backend` overrides the configured attention backend."""
+        reads attention from here); `backend` overrides the configured attention backend.
+        `positions` (B, L), increasing integers: where the tokens sit when not at 0 .. L - 1
+        (randomized positions in training; schemes that declare `takes_positions`)."""
         _B, L = tokens.shape
         x = self.tok(tokens)                                       # (B, L, D)
         first = self.positions[0]
         first.check_length(L)
-        absolute = first.embed(L)
+        given = {} if positions is None else {"positions": positions}
+        if given and not first.takes_positions:
+            raise UsageError(f'"{first.name}" cannot place its tokens at given positions (it does not declare takes_positions)')
+        absolute = first.embed(L, **given)
         if absolute is not None:
-            x = x + absolute.to(x.dtype)                           # (L, D) broadcast over B
+            x = x + absolute.to(x.dtype)                           # (L, D) or (B, L, D) broadcast over B
         # a bias shared by all layers that does not depend on the batch is planned once per forward pass
         batch_dependent = first.content_dependent or first.key_dependent or first.input_dependent
         shared = len(self.positions) == 1 and first.adds_bias and not batch_dependent
-        plan = first.plan(L, L) if shared else None
+        plan = first.plan(L, L, **given) if shared else None
         backend = self.config.attention if backend is None else backend
         for i, block in enumerate(self.blocks):
             hook = None if observe is None else (lambda q, k, p, layer=i: observe(layer, q, k, p))
-            x = block(x, self.position(i), plan, backend, hook)
+            x = block(x, self.position(i), plan, backend, hook, positions)
         x = self.ln_out(x)
         return torch.matmul(x, self.tok.weight.t())               # (B, L, V), tied embedding
 

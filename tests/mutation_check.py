@@ -19,6 +19,7 @@ notice ("survived") is a gap in the tests.
     python tests/mutation_check.py -k BAM       # the Bayesian attention prior (bam)
     python tests/mutation_check.py -k ssmax     # Scalable-Softmax, the training option of every scheme
     python tests/mutation_check.py -k stick     # stick-breaking attention
+    python tests/mutation_check.py -k random    # randomized positions (VARIANT:random_positions=N)
 
 Not collected by pytest (its name does not start with test_); it takes a few minutes.
 """
@@ -55,6 +56,7 @@ MERGE = ["tests/test_merge.py"]
 BAM = ["tests/test_bam.py", "tests/test_capabilities.py"]
 SSMAX = ["tests/test_ssmax.py"]
 STICK = ["tests/test_stickbreaking.py", "tests/test_capabilities.py"]
+RANDOM = ["tests/test_random_positions.py"]
 MUTATIONS = [
     ("bias sign flipped on the reference path", "relbench/attention/__init__.py",
      "scores = scores + plan.full().to(scores.dtype)", "scores = scores - plan.full().to(scores.dtype)"),
@@ -77,6 +79,22 @@ MUTATIONS = [
      "(RowScaledPlan(plan, scales) if plan is not None else plan)", SSMAX),
     ("ssmax's score_mod adds the unscaled bias", "relbench/positions/plan.py",
      "return score + factor * (inner(score, b, h, q_idx, kv_idx) - score)", "return inner(score, b, h, q_idx, kv_idx)", SSMAX),
+    ("randomized positions drawn but not sorted", "relbench/training/batches.py",
+     "[:length].sort().values for _ in range(count)]", "[:length] for _ in range(count)]", RANDOM),
+    ("randomized positions drawn from one position too few", "relbench/training/batches.py",
+     "torch.randperm(limit, generator=generator)", "torch.randperm(limit - 1, generator=generator)", RANDOM),
+    ("randomized positions: a relative bias at chosen positions reads j - i", "relbench/positions/base.py",
+     "positions[:, k_len - q_len:, None] - positions[:, None, :]", "positions[:, None, :] - positions[:, k_len - q_len:, None]",
+     RANDOM),
+    ("randomized positions: training leaves the drawn positions out", "relbench/training/train.py",
+     "if model.random_positions else None", "if False else None", RANDOM),
+    ("randomized positions: rope's queries at chosen positions take the first rows", "relbench/positions/rope.py",
+     "cos[..., k_len - q_len:, :], sin[..., k_len - q_len:, :]", "cos[..., :q_len, :], sin[..., :q_len, :]", RANDOM),
+    ("randomized positions: FIRE at chosen positions normalises by the key's position", "relbench/positions/fire.py",
+     "self.psi(torch.maximum(query, self.threshold())) + EPS)\n            return DensePlan",
+     "self.psi(torch.maximum(positions[:, None, :].float(), self.threshold())) + EPS)\n            return DensePlan", RANDOM),
+    ("randomized positions: sinusoidal at chosen positions reads the first rows", "relbench/positions/absolute.py",
+     "return table[positions] * self.scale", "return table[: positions.shape[-1]] * self.scale", RANDOM),
     ("stick-breaking's product includes the key it serves", "relbench/positions/stickbreaking.py",
      "after = torch.cat([from_key[..., 1:], torch.zeros_like(from_key[..., :1])], dim=-1)", "after = from_key", STICK),
     ("stick-breaking drops the rest of the stick", "relbench/positions/stickbreaking.py",

@@ -42,6 +42,7 @@ from relbench.config import Experiment
 from relbench.cost import memory
 from relbench.errors import RelbenchError, UsageError
 from relbench.model import GPT
+from relbench.training.batches import random_positions
 from relbench.training.step import forward_backward, make_optimizer, optimizer_step, position_lr
 
 DRY_STEPS = 2
@@ -68,8 +69,11 @@ def _step(model, optimizer, window, device, config) -> tuple[float, float]:
             torch.cuda.synchronize(device)
         return time.perf_counter()
 
+    inputs = window[:, :-1]
+    chosen = random_positions(0, 0, inputs.shape[0], inputs.shape[1], model.random_positions) \
+        if getattr(model, "random_positions", 0) else None     # randomized positions train on a dense bias
     started = now()
-    forward_backward(model, optimizer, window[:, :-1], window[:, 1:], None, device, config, 0)
+    forward_backward(model, optimizer, inputs, window[:, 1:], None, device, config, 0, chosen)
     backward = now()
     optimizer_step(model, optimizer)
     return backward - started, now() - backward

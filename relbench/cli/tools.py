@@ -61,7 +61,10 @@ def variants_command(
         table.add_row(escape(name), enc.family, escape(enc.formula), params if per else "0", escape(options))
     table.caption = ("Every variant also takes position_lr_scale=X (its position parameters' learning-rate multiplier) "
                      "and ssmax=true (Scalable-Softmax: each row's logits times s_h log n, s_h learned per layer and head; "
-                     "ssmax_bias=false scales q.k only)")
+                     "ssmax_bias=false scales q.k only); the schemes that place tokens at chosen positions ("
+                     + ", ".join(n for n in positions.names() if positions.get(n).takes_positions)
+                     + ") also random_positions=N (randomized positions, Ruoss et al. 2023: each training sequence at a "
+                     "sorted random subset of [0, N), N > the training length; evaluation at 0 .. L - 1)")
     table.caption_justify = "left"
     console.print(table)
 

@@ -1,8 +1,9 @@
 """What a position scheme really does, measured without reading its declarations: one boolean per
 capability (adds a bias, rotates, depends on the queries, keys or layer input, distance only, a
-horizon, linear, separable, a score_mod, replaces softmax attention) and the places where its plan's extras disagree with the
-bias the plan materialises. The contract's capability properties (relbench/contract/properties.py)
-compare these with what the class declares; tests/test_capabilities.py runs them on every built-in.
+horizon, linear, separable, a score_mod, replaces softmax attention, places tokens at chosen
+positions) and the places where its plan's extras disagree with the bias the plan materialises.
+The contract's capability properties (relbench/contract/properties.py) compare these with what the
+class declares; tests/test_capabilities.py runs them on every built-in.
 
 The scheme is built small (4 heads of 8, trained length 32) with its parameters moved off their
 initial values, so a learned table that starts at zero can still show what it can do.
@@ -22,7 +23,51 @@ TRAIN_LENGTH = 32
 RECT = (24, 100)          # a rectangle, queries the last 24 of 100 positions (past FIRE's threshold)
 LONG = 2 * 1024 + 256     # twice t5-log2's default horizon (1024) and more: every horizon shows
 CAPABILITIES = ("adds_bias", "rotates", "content_dependent", "key_dependent", "input_dependent",
-                "distance_only", "has_horizon", "linear", "separable", "has_score_mod", "replaces_softmax")
+                "distance_only", "has_horizon", "linear", "separable", "has_score_mod", "replaces_softmax",
+                "takes_positions")
+# gapped positions of two sequences of 6 tokens within [0, 15): where takes_positions places them
+CHOSEN = torch.tensor([[0, 2, 3, 7, 11, 14], [1, 4, 5, 6, 9, 13]])
+
+
+def _logits(enc: PositionEncoding, q: torch.Tensor, k: torch.Tensor, x: torch.Tensor, **given) -> torch.Tensor:
+    """(B, H, Lq, Lk) content logits of the rotated q, k plus the plan's bias, at `given` positions."""
+    q_rot, k_rot = enc.rotate(q, k, **given)
+    logits = q_rot @ k_rot.transpose(-1, -2)
+    plan = enc.plan(q.shape[-2], k.shape[-2], q, k, x, **given) if enc.adds_bias else None
+    return logits if plan is None else logits + plan.full()
+
+
+def measured_takes_positions(enc: PositionEncoding) -> bool:
+    """Whether the scheme places tokens at chosen positions p (embed, rotate and plan with
+    `positions=p`): it has an encoding (embeds, rotates or adds a bias), and its logits and
+    embeddings at p are those of a sequence as long as the largest p, with the tokens at p (zeros
+    between), read at rows and columns p. A scheme whose bias reads the tokens in between (FoX,
+    CoPE) or whose interface has no positions does not; neither does `none`, which has nothing to place."""
+    if enc.replaces_softmax:
+        return False
+    batch, length = CHOSEN.shape
+    span = int(CHOSEN.max()) + 1
+    q, k = queries(length, 21, batch), queries(length, 22, batch)
+    x = layer_input(enc, batch, length, 23)
+    try:
+        at = _logits(enc, q, k, x, positions=CHOSEN)
+        embedded = enc.embed(length, positions=CHOSEN)
+    except (TypeError, ValueError, RuntimeError):   # an interface without positions
+        return False
+    plain_embedded = enc.embed(length)
+    long_embedded = enc.embed(span)
+    for b, p in enumerate(CHOSEN):
+        q_long, k_long, x_long = (torch.zeros(1, t.shape[1], span, t.shape[-1]) for t in (q, k, x[:, None]))
+        q_long[0, :, p], k_long[0, :, p], x_long[0, :, p] = q[b], k[b], x[b][None]
+        read = _logits(enc, q_long, k_long, x_long[:, 0])[0][:, p][:, :, p]
+        if not torch.allclose(at[b], read, rtol=1e-4, atol=1e-4):
+            return False
+        if (embedded is None) != (long_embedded is None) or (
+                embedded is not None and not torch.allclose(embedded[b], long_embedded[p], rtol=1e-5, atol=1e-6)):
+            return False
+    q_rot, k_rot = enc.rotate(q, k)
+    rotates = not (torch.equal(q_rot, q) and torch.equal(k_rot, k))
+    return plain_embedded is not None or rotates or (enc.adds_bias and enc.plan(length, length, q, k, x) is not None)
 
 
 def layer_input(enc: PositionEncoding, batch: int, k_len: int, seed: int = 0) -> torch.Tensor:
@@ -84,6 +129,7 @@ def measure(spec: str) -> tuple[dict[str, bool], list[str]]:
     q_rot, k_rot = enc.rotate(q1, k)
     facts, problems = dict.fromkeys(CAPABILITIES, False), []
     facts["rotates"] = not (torch.equal(q_rot, q1) and torch.equal(k_rot, k))
+    facts["takes_positions"] = measured_takes_positions(enc)
     # replaces_softmax: attend() gives an output, and not softmax attention's (stick-breaking)
     v = torch.randn(2, H, k_len, D, generator=torch.Generator().manual_seed(12))
     own = enc.attend(q_rot, k_rot, v)

@@ -47,6 +47,7 @@ class Sinusoidal(PositionEncoding):
 
     family = "absolute"
     formula = "x_p += d^-1/2 [sin(p/10000^(2i/d)), cos(p/10000^(2i/d))]"
+    takes_positions = True
 
     def __init__(self, n_heads: int, head_dim: int, d_model: int, train_length: int, base: float = 10000.0,
                  scale: float | None = None):
@@ -54,7 +55,10 @@ class Sinusoidal(PositionEncoding):
         self.base, self.scale = base, d_model ** -0.5 if scale is None else scale
         self.register_buffer("_anchor", torch.zeros(0), persistent=False)  # follows .to(device)
 
-    def embed(self, length: int) -> Tensor:
+    def embed(self, length: int, positions: Tensor | None = None) -> Tensor:
+        if positions is not None:   # (B, L) chosen positions -> (B, L, D): the rows of a table reaching them
+            table = sinusoid_table(int(positions.max()) + 1, self.d_model, self.base, device=self._anchor.device)
+            return table[positions] * self.scale
         table = sinusoid_table(length, self.d_model, self.base, device=self._anchor.device)  # (L, D)
         return table * self.scale
 

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from relbench.errors import UsageError, one_line, unknown
-from relbench.positions.plan import BiasPlan, DistancePlan
+from relbench.positions.plan import BiasPlan, DensePlan, DistancePlan
 from relbench.positions.registry import Registry, convert_option, parse_options  # noqa: F401 (re-exported)
 
 _REGISTRY: Registry = Registry("position variant")
@@ -46,6 +46,8 @@ class PositionEncoding(nn.Module):
     separable: ClassVar[bool] = False        # the causal bias is r(i) + c(j), c not constant (ALiBi, FoX)
     has_score_mod: ClassVar[bool] = False    # the plan can be written as a FlexAttention score_mod
     replaces_softmax: ClassVar[bool] = False  # attend() computes the attention itself (stick-breaking)
+    takes_positions: ClassVar[bool] = False  # embed/rotate/plan take `positions=` (B, L), any sorted integers:
+    #                                          randomized positions in training (VARIANT:random_positions=N)
 
     # an evaluation form (positions/forms.py: YaRN, log-n scaling, ...) set on a trained model's
     # encodings by `forms.apply`; None: the scheme as trained. It holds no weights.
@@ -64,36 +66,45 @@ class PositionEncoding(nn.Module):
         """Longest sequence the scheme can represent, or None when any length works."""
         return None
 
-    def embed(self, length: int) -> Tensor | None:
-        """(length, d_model) absolute embeddings added to the token embeddings, or None."""
+    def embed(self, length: int, positions: Tensor | None = None) -> Tensor | None:
+        """(length, d_model) absolute embeddings added to the token embeddings, or None. A scheme
+        that declares `takes_positions` also takes `positions=` (B, length) and returns (B, length,
+        d_model): the embeddings at those positions."""
         return None
 
-    def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+    def rotate(self, q: Tensor, k: Tensor, positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Position-dependent transform of q (B, H, Lq, D) and k (B, H, Lk, D) for the content term
-        q.k; identity here. Schemes that override it declare `rotates`."""
+        q.k; identity here. Schemes that override it declare `rotates`; with `takes_positions` they
+        also take `positions=` (B, Lk), the keys' positions (the queries are the last Lq of them)."""
         return q, k
 
     def plan(self, q_len: int, k_len: int, q: Tensor | None = None, k: Tensor | None = None,
-             x: Tensor | None = None) -> BiasPlan | None:
+             x: Tensor | None = None, positions: Tensor | None = None) -> BiasPlan | None:
         """The additive logits bias for q_len queries over k_len keys, as a BiasPlan (see
         positions/plan.py), or None when the scheme adds no bias. `q` (B, H, q_len, D) and `k`
         (B, H, k_len, D) are the queries and keys as projected, BEFORE `rotate`; `x` (B, k_len,
         d_model) is the attention layer's input at the key positions (after its LayerNorm). A scheme
         reads only what it declares (`content_dependent`: q, `key_dependent`: k, `input_dependent`:
-        x); the others ignore them, so that one plan can serve every layer that shares the scheme."""
+        x); the others ignore them, so that one plan can serve every layer that shares the scheme.
+        A scheme that declares `takes_positions` also takes `positions=` (B, k_len): the keys'
+        positions, any increasing integers, instead of 0 .. k_len - 1 (a DensePlan per sequence)."""
         return None
 
-    def prepare(self, q: Tensor, k: Tensor, plan: BiasPlan | None = None,
-                x: Tensor | None = None) -> tuple[Tensor, Tensor, BiasPlan | None]:
+    def prepare(self, q: Tensor, k: Tensor, plan: BiasPlan | None = None, x: Tensor | None = None,
+                positions: Tensor | None = None) -> tuple[Tensor, Tensor, BiasPlan | None]:
         """Everything attention needs from the scheme, in the one order every caller uses: the plan
         from the projected queries and keys and the layer input `x` (unless the caller passes one it
-        built for several layers), then the rotation of q and k. Returns (q, k, plan) for
-        `attention.attention`."""
+        built for several layers), then the rotation of q and k. `positions` (B, k_len): the keys'
+        positions when they are not 0 .. k_len - 1 (randomized positions; `takes_positions` schemes
+        only). Returns (q, k, plan) for `attention.attention`."""
+        given = {} if positions is None else {"positions": positions}
+        if given and not self.takes_positions:
+            raise UsageError(f'"{self.name}" cannot place its tokens at given positions (it does not declare takes_positions)')
         if plan is None and self.adds_bias:
             if self.input_dependent and x is None:
                 raise UsageError(f'"{self.name}" computes its bias from the layer input: pass x to prepare()')
-            plan = self.plan(q.shape[-2], k.shape[-2], q, k, x)
-        q, k = self.rotate(q, k)
+            plan = self.plan(q.shape[-2], k.shape[-2], q, k, x, **given)
+        q, k = self.rotate(q, k, **given)
         scale = 1.0 if self.form is None else self.form.logit_scale(self, k.shape[-2])
         if scale != 1.0:   # a form's temperature: the whole logit, q.k / sqrt(d) + bias, times scale
             q = q * scale
@@ -174,8 +185,13 @@ class RelativeBias(PositionEncoding, abc.ABC):
         """(H,) slopes when the causal bias is exactly -slope * (i - j), else None."""
         return None
 
+    takes_positions = True
+
     def plan(self, q_len: int, k_len: int, q: Tensor | None = None, k: Tensor | None = None,
-             x: Tensor | None = None) -> DistancePlan:
+             x: Tensor | None = None, positions: Tensor | None = None) -> DistancePlan | DensePlan:
+        if positions is not None:   # p_i - p_j per sequence: no longer Toeplitz, one (B, H, q, k) tensor
+            distances = positions[:, k_len - q_len:, None] - positions[:, None, :]      # (B, q_len, k_len)
+            return DensePlan(self.distance_bias(distances).movedim(0, 1), q_len, k_len)
         distances = DistancePlan.distances(q_len, k_len, self.device)
         if self.form is None:
             values, horizon = self.distance_bias(distances), self.horizon()
@@ -189,6 +205,17 @@ class RelativeBias(PositionEncoding, abc.ABC):
         for tensor in list(self.parameters()) + list(self.buffers()):
             return tensor.device
         return torch.device("cpu")
+
+
+def table_rows(table: Tensor, index: Tensor) -> Tensor:
+    """table[index] (index.shape + table.shape[1:]) for a learned table read at integer rows. An index
+    of more than one dimension (randomized positions' (B, q, k) distances) is read through index_select,
+    whose gradient sums the rows in a fixed order: the gradient of table[index] scatter-adds from
+    several threads and differs from run to run in its last bits (a resumed training would not end
+    with the weights of an uninterrupted one)."""
+    if index.dim() <= 1:
+        return table[index]
+    return table.index_select(0, index.reshape(-1)).view(*index.shape, *table.shape[1:])
 
 
 def register(name: str):
@@ -231,9 +258,12 @@ def _training_option(name: str, default: Any) -> inspect.Parameter:
 # options every variant takes that concern how it is trained, not the scheme itself
 # (ssmax: Scalable-Softmax, each layer's logits times s_h log n, s_h learned from 1: model.py's SelfAttention;
 # ssmax_bias=false scales the content logits q.k only, as BAM's official ALiBi+SSMax model does)
+# random_positions=N: randomized positions (Ruoss et al. 2023), each training sequence's positions a
+# sorted random subset of [0, N), N > the training length; validation and evaluation use 0 .. L - 1
 TRAINING_OPTIONS = {"position_lr_scale": _training_option("position_lr_scale", 1.0),
                     "ssmax": _training_option("ssmax", False),
-                    "ssmax_bias": _training_option("ssmax_bias", True)}
+                    "ssmax_bias": _training_option("ssmax_bias", True),
+                    "random_positions": _training_option("random_positions", 0)}
 
 
 def _parse(spec: str) -> tuple[str, dict[str, Any]]:
@@ -247,6 +277,14 @@ def _parse(spec: str) -> tuple[str, dict[str, Any]]:
                             f'option of "{name}"')
     if "position_lr_scale" in options and not options["position_lr_scale"] > 0:
         raise UsageError(f'position_lr_scale in variant "{spec}" must be positive')
+    if "random_positions" in options:
+        if options["random_positions"] < 0:
+            raise UsageError(f'random_positions in variant "{one_line(spec)}" must be 0 (off) or the number of '
+                             f"positions N to draw from, got {options['random_positions']}")
+        if options["random_positions"] and not cls.takes_positions:
+            raise UsageError(f'random_positions in variant "{one_line(spec)}": "{name}" cannot place its tokens at '
+                             f"chosen positions ({cls.family or 'no position'} scheme); the schemes that can: "
+                             f"{', '.join(n for n in names() if get(n).takes_positions)}")
     if "ssmax_bias" in options and not options.get("ssmax"):
         raise UsageError(f'ssmax_bias in variant "{one_line(spec)}" says what Scalable-Softmax scales: add ssmax=true')
     return name, options

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from relbench.errors import UsageError
 from relbench.positions.base import PositionEncoding, register
-from relbench.positions.plan import BiasPlan, distance_grid
+from relbench.positions.plan import BiasPlan, DensePlan, distance_grid
 
 INIT_C, EPS = 0.1, 1e-6
 FIRE_ROWS = 64   # query rows per group of the inference bias (a ramp's bounds span about this many keys)
@@ -134,6 +134,7 @@ class Fire(PositionEncoding):
     shared_across_layers = False
     adds_bias = True
     has_score_mod = True
+    takes_positions = True
 
     def __init__(self, n_heads: int, head_dim: int, d_model: int, train_length: int, width: int = 32,
                  threshold_ratio: float = PAPER_THRESHOLD_RATIO):
@@ -202,7 +203,12 @@ class Fire(PositionEncoding):
         return const, slope, kinks[inside], gain[:, inside]
 
     def plan(self, q_len: int, k_len: int, q: Tensor | None = None, k: Tensor | None = None,
-             x: Tensor | None = None) -> FirePlan:
+             x: Tensor | None = None, positions: Tensor | None = None) -> FirePlan | DensePlan:
+        if positions is not None:   # FirePlan.block's bias at the sequences' own positions p_i, p_j
+            query = positions[:, k_len - q_len:, None].float()                                  # (B, q, 1)
+            distance = (query - positions[:, None, :].float()).abs()                            # (B, q, k)
+            normalised = self.psi(distance) / (self.psi(torch.maximum(query, self.threshold())) + EPS)
+            return DensePlan(self.mlp(normalised[..., None]).permute(0, 3, 1, 2), q_len, k_len)   # (B, H, q, k)
         return FirePlan(self, q_len, k_len)
 
     def reset_parameters(self, generator: torch.Generator) -> None:

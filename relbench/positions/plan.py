@@ -240,6 +240,25 @@ class DistancePlan(BiasPlan):
         return add_distance_bias
 
 
+class DensePlan(BiasPlan):
+    """A bias given whole, (B, H, q_len, k_len) or (H, q_len, k_len): what a relative scheme makes of
+    positions that are not 0 .. L - 1 (randomized positions: p_i - p_j differs per sequence and is no
+    function of i - j). Every block is a slice of it; it has no horizon, no score_mod, and runs on the
+    chunked (or reference) path."""
+
+    def __init__(self, bias: Tensor, q_len: int, k_len: int):
+        super().__init__(bias.shape[-3], q_len, k_len)
+        self.bias = bias
+        self.offset = k_len - q_len                      # absolute position of query row 0
+
+    def block(self, q_start: int, q_end: int, k_start: int, k_end: int) -> Tensor:
+        return self.bias[..., q_start - self.offset: q_end - self.offset, k_start:k_end]
+
+    @property
+    def requires_grad(self) -> bool:
+        return self.bias.requires_grad
+
+
 class ScaledPlan(BiasPlan):
     """`factor` x another plan's bias, for every piece a backend asks for. -inf (masked keys) stays
     -inf since factor > 0. The score_mod rescales the score around the inner one: factor * (score /

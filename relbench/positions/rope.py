@@ -27,6 +27,16 @@ def rope_angles(positions: Tensor, head_dim: int, base: float = 10000.0,
     return angle.cos(), angle.sin()
 
 
+def positional_angles(positions: Tensor, head_dim: int, inv_freq: Tensor) -> tuple[Tensor, Tensor]:
+    """rope_angles at `positions` (L,) -> (L, D/2) each, or (B, L) -> (B, 1, L, D/2): one set of
+    positions per sequence, broadcast over the heads."""
+    cos, sin = rope_angles(positions.reshape(-1), head_dim, inv_freq=inv_freq)
+    if positions.dim() == 1:
+        return cos, sin
+    shape = (positions.shape[0], 1, positions.shape[1], -1)
+    return cos.view(shape), sin.view(shape)
+
+
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate x (..., L, D) channel pairs (i, i + D/2) (the GPT-NeoX layout) by the angles."""
     x_f = x.float()
@@ -44,6 +54,7 @@ class Rotary(PositionEncoding):
     formula = "q_i, k_j rotated by angle p * 10000^(-2c/d)  =>  q_i.k_j depends on i - j"
     relative = True
     rotates = True
+    takes_positions = True
 
     def __init__(self, n_heads: int, head_dim: int, d_model: int, train_length: int, base: float = 10000.0):
         super().__init__(n_heads, head_dim, d_model, train_length)
@@ -57,11 +68,12 @@ class Rotary(PositionEncoding):
         inv_freq = rope_frequencies(self.head_dim, self.base, device)
         return inv_freq if self.form is None else self.form.frequencies(self, inv_freq, length)
 
-    def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+    def rotate(self, q: Tensor, k: Tensor, positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
         q_len, k_len = q.shape[-2], k.shape[-2]
-        cos, sin = rope_angles(torch.arange(k_len, device=k.device), self.head_dim,
-                               inv_freq=self.frequencies(k_len, k.device))       # (Lk, D/2)
-        q_rot = apply_rotary(q, cos[k_len - q_len:], sin[k_len - q_len:])  # queries: last q_len positions
+        if positions is None:
+            positions = torch.arange(k_len, device=k.device)
+        cos, sin = positional_angles(positions, self.head_dim, self.frequencies(k_len, k.device))  # (Lk or B,1,Lk, D/2)
+        q_rot = apply_rotary(q, cos[..., k_len - q_len:, :], sin[..., k_len - q_len:, :])  # queries: last q_len positions
         return q_rot, apply_rotary(k, cos, sin)
 
     def extra_repr(self) -> str:

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from relbench.errors import UsageError
-from relbench.positions.base import RelativeBias, register
+from relbench.positions.base import RelativeBias, register, table_rows
 
 
 def relative_position_bucket(relative_position: Tensor, bidirectional: bool = True,
@@ -69,7 +69,7 @@ class T5Bias(RelativeBias):
 
     def distance_bias(self, distance: Tensor) -> Tensor:
         bucket = relative_position_bucket(-distance, self.bidirectional, self.num_buckets, self.max_distance)
-        return self.table[bucket].movedim(-1, 0)  # (H, *shape)
+        return table_rows(self.table, bucket).movedim(-1, 0)  # (H, *shape)
 
     def reset_parameters(self, generator: torch.Generator) -> None:
         # T5 initialises the relative attention bias from N(0, 1) * factor with factor 1.0 (HF's
@@ -109,7 +109,7 @@ class T5Log2(RelativeBias):
         self.table = nn.Parameter(torch.zeros(int(math.log2(max_distance)) + 2, n_heads))  # (buckets, H)
 
     def distance_bias(self, distance: Tensor) -> Tensor:
-        return self.table[log2_bucket(distance, self.max_distance)].movedim(-1, 0)   # (H, *shape)
+        return table_rows(self.table, log2_bucket(distance, self.max_distance)).movedim(-1, 0)   # (H, *shape)
 
     def horizon(self) -> int:
         return self.max_distance

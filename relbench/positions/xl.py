@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from relbench.errors import UsageError
-from relbench.positions.base import RelativeBias, register
+from relbench.positions.base import RelativeBias, register, table_rows
 
 
 def clipped_index(distance: Tensor, k: int) -> Tensor:
@@ -65,7 +65,7 @@ class ClippedTable(RelativeBias):
         return clipped_index(distance, self.k)
 
     def distance_bias(self, distance: Tensor) -> Tensor:
-        values = self.table[self.index(distance)]                     # (*shape, H or 1)
+        values = table_rows(self.table, self.index(distance))          # (*shape, H or 1)
         values = values.movedim(-1, 0)                                # (H or 1, *shape)
         return values.expand(self.n_heads, *distance.shape)          # (H, *shape)
 

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from relbench.positions.base import register
-from relbench.positions.rope import Rotary, apply_rotary, rope_angles
+from relbench.positions.rope import Rotary, apply_rotary, positional_angles, rope_angles
 
 
 def xpos_scale(positions: Tensor, head_dim: int, scale_base: float = 512.0, gamma: float = 0.4) -> Tensor:
@@ -33,13 +33,18 @@ class XPos(Rotary):
         super().__init__(n_heads, head_dim, d_model, train_length, base)
         self.scale_base = scale_base
 
-    def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+    def rotate(self, q: Tensor, k: Tensor, positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
         q_len, k_len = q.shape[-2], k.shape[-2]
-        positions = torch.arange(k_len, device=k.device)
-        cos, sin = rope_angles(positions, self.head_dim, inv_freq=self.frequencies(k_len, k.device))  # (Lk, D/2)
-        scale = xpos_scale(positions - k_len // 2, self.head_dim, self.scale_base)     # (Lk, D)
         offset = k_len - q_len
-        q_rot = apply_rotary(q, cos[offset:], sin[offset:]) * scale[offset:].to(q.dtype)
+        if positions is None:
+            positions = torch.arange(k_len, device=k.device)
+            cos, sin = rope_angles(positions, self.head_dim, inv_freq=self.frequencies(k_len, k.device))  # (Lk, D/2)
+            scale = xpos_scale(positions - k_len // 2, self.head_dim, self.scale_base)     # (Lk, D)
+        else:   # one set of positions per sequence (B, Lk), centred on each sequence's middle key
+            cos, sin = positional_angles(positions, self.head_dim, self.frequencies(k_len, k.device))  # (B, 1, Lk, D/2)
+            centred = positions - positions[:, k_len // 2, None]
+            scale = xpos_scale(centred.reshape(-1), self.head_dim, self.scale_base).view(*cos.shape[:-1], -1)
+        q_rot = apply_rotary(q, cos[..., offset:, :], sin[..., offset:, :]) * scale[..., offset:, :].to(q.dtype)
         k_rot = apply_rotary(k, cos, sin) / scale.to(k.dtype)
         return q_rot, k_rot
 

@@ -109,6 +109,19 @@ def _lowest_depth(step: int, config: TrainConfig) -> float:
     return max(0.0, 1.0 - step / config.depth_curriculum) if config.depth_curriculum else 0.0
 
 
+def random_positions(seed: int, step: int, count: int, length: int, limit: int) -> torch.Tensor:
+    """(count, length) int64 positions of step `step`'s sequences under randomized positions (Ruoss et
+    al. 2023): each row a sorted random subset of [0, limit) drawn without replacement, from a
+    generator seeded by (seed, step) like the batch itself (another stream than the batch's), so a
+    resumed training draws the same."""
+    generator = torch.Generator().manual_seed(_seeded(seed, step) ^ POSITIONS_STREAM)
+    rows = [torch.randperm(limit, generator=generator)[:length].sort().values for _ in range(count)]
+    return torch.stack(rows)
+
+
+POSITIONS_STREAM = 0x5EED_0F_905   # separates the positions' generator from the batch's of the same step
+
+
 def training_batch(tokens: torch.Tensor, step: int, config: TrainConfig, length: int,
                    tokenizer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(inputs, targets, weights or None) of step `step` for the configured task."""

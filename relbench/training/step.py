@@ -120,14 +120,16 @@ def validation_loss(model: GPT, batches: list[tuple[torch.Tensor, torch.Tensor, 
 
 def forward_backward(model: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
                      weights: torch.Tensor | None, device: torch.device, config: TrainConfig,
-                     step: int) -> tuple[torch.Tensor, torch.Tensor]:
+                     step: int, positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward, backward and gradient clipping of this rank's share of step `step`'s global batch
     (x, y, weights: the whole batch, on every rank); returns the batch's mean loss, the same on
     every rank, which is why all raise Diverged together when it is not finite (before backward),
-    and the gradient norm before clipping."""
+    and the gradient norm before clipping. `positions` (B, L): the sequences' randomized positions
+    (VARIANT:random_positions=N), shared out as the batch is; None: 0 .. L - 1."""
     inputs, targets = distributed.share(x).to(device), distributed.share(y).to(device)   # (B / world, L)
+    given = {} if positions is None else {"positions": distributed.share(positions).to(device)}
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.precision == "bf16"):
-        logits = model(inputs)                                                 # (B / world, L, V)
+        logits = model(inputs, **given)                                        # (B / world, L, V)
     part = rank_loss(logits, targets, distributed.share(weights), loss_denominator(y, weights))
     loss = distributed.sum_all(part)
     if not torch.isfinite(loss):

@@ -30,7 +30,7 @@ from relbench.errors import RelbenchError
 from relbench.model import GPT
 from relbench.positions import forms, plugins
 from relbench.runs import checkpoints, distributed, results, tracking
-from relbench.training.batches import retrieval_accuracy, training_batch, validation_batches
+from relbench.training.batches import random_positions, retrieval_accuracy, training_batch, validation_batches
 from relbench.training.step import forward_backward, lr_at, make_optimizer, optimizer_step, position_lr, validation_loss
 from relbench.training.stopping import Diverged, Interrupted, StopRequest, learned_at
 
@@ -112,7 +112,9 @@ def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, spl
         for group in optimizer.param_groups:
             group["lr"] = lr * group["lr_scale"]
         x, y, weights = training_batch(train_tokens, data_offset + step, config, length, splits.tokenizer)
-        loss, grad_norm = forward_backward(trained, optimizer, x, y, weights, device, config, step)
+        chosen = random_positions(config.seed, data_offset + step, x.shape[0], length, model.random_positions) \
+            if model.random_positions else None                    # randomized positions; validation keeps 0 .. L - 1
+        loss, grad_norm = forward_backward(trained, optimizer, x, y, weights, device, config, step, chosen)
         optimizer_step(model, optimizer)
         done = step + 1
         state["running"] += loss.item()
