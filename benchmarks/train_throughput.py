@@ -8,6 +8,8 @@ bf16` with fp32 in two run directories (the README quotes both).
     python benchmarks/train_throughput.py
     python benchmarks/train_throughput.py --variants xl alibi --precisions fp32 bf16 --backends auto reference
     python benchmarks/train_throughput.py --paired --precisions fp32 --backends auto   # each variant x none
+    python benchmarks/train_throughput.py --paired --precisions fp32 --backends auto --preset retrieval \
+        --variants alibi:random_positions=8192 --baseline alibi   # randomized positions' dense bias x alibi's
     python benchmarks/train_throughput.py --device cuda --modes eager compile   # torch.compile of the model
 
 `--modes compile` runs the model under torch.compile (forward and backward through inductor; the
@@ -36,6 +38,7 @@ from relbench.cost.profiling import interleaved, paired
 from relbench.data import load_splits
 from relbench.model import GPT
 from relbench.training.batches import lm_batch as batch_at
+from relbench.training.batches import random_positions
 from relbench.training.step import make_optimizer
 
 
@@ -55,8 +58,10 @@ def make_step(spec: str, precision: str, backend: str, preset: str, train_tokens
 
     def step(i: int) -> None:
         x, y = (t.to(device) for t in batch_at(train_tokens, i, 0, batch, length))
+        given = {"positions": random_positions(0, i, batch, length, model.random_positions).to(device)} \
+            if model.random_positions else {}         # VARIANT:random_positions=N trains at drawn positions
         with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=precision == "bf16"):
-            logits = forward(x)
+            logits = forward(x, **given)
         loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -95,7 +100,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--paired", action="store_true",
-                        help="instead: each variant's step time over `none`'s, stepped in alternation")
+                        help="instead: each variant's step time over --baseline's, stepped in alternation")
+    parser.add_argument("--baseline", default="none",
+                        help="the variant --paired divides by (alibi, to time alibi:random_positions=8192's dense bias)")
     parser.add_argument("--train-length", type=int, default=None, help="override the preset's (same tokens per step)")
     parser.add_argument("--modes", nargs="+", default=["eager"], choices=["eager", "compile"],
                         help="eager, and/or the model under torch.compile")
@@ -108,17 +115,17 @@ def main(argv: list[str]) -> int:
     for column in ("variant", "backend", "mode", "precision", "tokens/s", "vs fp32"):
         table.add_column(column, justify="left" if column in ("variant", "backend", "mode", "precision") else "right")
     if args.paired:
-        paired = Table(title=f"Training step time over none's, stepped in alternation, preset {args.preset}, "
+        paired = Table(title=f"Training step time over {args.baseline}'s, stepped in alternation, preset {args.preset}, "
                              f"length {length} (median of {args.steps} pairs)", title_justify="left")
-        for column in ("variant", "backend", "precision", "x none", "range"):
+        for column in ("variant", "backend", "precision", f"x {args.baseline}", "range"):
             paired.add_column(column, justify="left" if column in ("variant", "backend", "precision") else "right")
-        for spec in [v for v in args.variants if v != "none"]:
+        for spec in [v for v in args.variants if v != args.baseline]:
             for backend in args.backends:
                 for precision in args.precisions:
                     ratio, low, high = paired_ratio(spec, precision, backend, args.preset, args.steps, args.warmup,
-                                                    train_tokens, args.train_length, args.device)
+                                                    train_tokens, args.train_length, args.device, args.baseline)
                     paired.add_row(spec, backend, precision, f"{ratio:.2f}x", f"{low:.2f}-{high:.2f}")
-                    console.print(f"{spec:<14} {backend:<10} {precision:<5} {ratio:.2f}x none ({low:.2f}-{high:.2f})")
+                    console.print(f"{spec:<14} {backend:<10} {precision:<5} {ratio:.2f}x {args.baseline} ({low:.2f}-{high:.2f})")
         console.print(paired)
         return 0
     for spec in args.variants:

@@ -20,6 +20,7 @@ notice ("survived") is a gap in the tests.
     python tests/mutation_check.py -k ssmax     # Scalable-Softmax, the training option of every scheme
     python tests/mutation_check.py -k stick     # stick-breaking attention
     python tests/mutation_check.py -k random    # randomized positions (VARIANT:random_positions=N)
+    python tests/mutation_check.py -k HoPE      # HoPE (RoPE with its slow pairs unrotated)
 
 Not collected by pytest (its name does not start with test_); it takes a few minutes.
 """
@@ -57,6 +58,7 @@ BAM = ["tests/test_bam.py", "tests/test_capabilities.py"]
 SSMAX = ["tests/test_ssmax.py"]
 STICK = ["tests/test_stickbreaking.py", "tests/test_capabilities.py"]
 RANDOM = ["tests/test_random_positions.py"]
+HOPE = ["tests/test_hope.py"]
 MUTATIONS = [
     ("bias sign flipped on the reference path", "relbench/attention/__init__.py",
      "scores = scores + plan.full().to(scores.dtype)", "scores = scores - plan.full().to(scores.dtype)"),
@@ -79,6 +81,12 @@ MUTATIONS = [
      "(RowScaledPlan(plan, scales) if plan is not None else plan)", SSMAX),
     ("ssmax's score_mod adds the unscaled bias", "relbench/positions/plan.py",
      "return score + factor * (inner(score, b, h, q_idx, kv_idx) - score)", "return inner(score, b, h, q_idx, kv_idx)", SSMAX),
+    ("HoPE keeps the slow pairs rotary and drops the fast", "relbench/positions/rope.py",
+     "return torch.where(self.kept(device), inv_freq, torch.zeros_like(inv_freq))",
+     "return torch.where(self.kept(device), torch.zeros_like(inv_freq), inv_freq)", HOPE),
+    ("HoPE's threshold a radian instead of a full turn", "relbench/positions/rope.py",
+     "return inv_freq * self.train_length >= 2 * math.pi * self.cycles", "return inv_freq * self.train_length >= self.cycles",
+     HOPE),
     ("randomized positions drawn but not sorted", "relbench/training/batches.py",
      "[:length].sort().values for _ in range(count)]", "[:length] for _ in range(count)]", RANDOM),
     ("randomized positions drawn from one position too few", "relbench/training/batches.py",

@@ -4,6 +4,8 @@ position, so that q_i . k_j depends on positions only through i - j."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -78,3 +80,37 @@ class Rotary(PositionEncoding):
 
     def extra_repr(self) -> str:
         return f"base={self.base:g}"
+
+
+@register("hope")
+class HighFrequencyRotary(Rotary):
+    """HoPE (Chen et al. 2024, "HoPE: A Novel Positional Encoding Without Long-Term Decay for Enhanced
+    Context Awareness and Extrapolation", arXiv 2410.21216): RoPE whose low-frequency components are made
+    position-independent. A channel pair whose angle turns less than `cycles` full turns over the
+    training length (theta_c * L < 2 pi * cycles) is left unrotated: its part of q.k is content only,
+    with no long-term decay and no angle unseen in training at any length; the pairs that turn faster
+    rotate as RoPE's. The paper's threshold is one full turn; its official code was not reachable
+    offline, so `cycles` is an option (docs/variants.md)."""
+
+    formula = "RoPE, but pairs with theta_c * L_train < 2 pi left unrotated (position-independent)"
+
+    def __init__(self, n_heads: int, head_dim: int, d_model: int, train_length: int, base: float = 10000.0,
+                 cycles: float = 1.0):
+        super().__init__(n_heads, head_dim, d_model, train_length, base)
+        if not cycles > 0:
+            raise UsageError(f"hope's cycles (full turns over the training length that keep a pair rotary) "
+                             f"must be positive, got {cycles}")
+        self.cycles = cycles
+
+    def kept(self, device=None) -> Tensor:
+        """(D/2,) bool: the channel pairs that stay rotary, theta_c * train_length >= 2 pi * cycles."""
+        inv_freq = rope_frequencies(self.head_dim, self.base, device)
+        return inv_freq * self.train_length >= 2 * math.pi * self.cycles
+
+    def frequencies(self, length: int, device=None) -> Tensor:
+        inv_freq = super().frequencies(length, device)
+        return torch.where(self.kept(device), inv_freq, torch.zeros_like(inv_freq))
+
+    def extra_repr(self) -> str:
+        kept = int(self.kept().sum())
+        return f"base={self.base:g}, cycles={self.cycles:g}, rotary pairs={kept} of {self.head_dim // 2}"
