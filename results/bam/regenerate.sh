@@ -4,11 +4,12 @@
 # alibi; passkey at 1x-64x (128-8192, 70 trials per length), bam also at 256x and 512x
 # (32768, 65536: about 9 and 23 min of one core on the Xeon host); then the learned prior (prior.py).
 # Run from the repository root; a stopped run resumes where it stopped.
-#   SEEDS="0 1 2" bash results/bam/regenerate.sh   (committed: seeds 0-2 of bam and alibi, seed 0 of the rest)
+#   SEEDS="0 1 2" bash results/bam/regenerate.sh   (committed: seeds 0-2 of bam, alibi and rope, seed 0 of the rest;
+#   bam, alibi and the SSMax and stick-breaking rows on an Intel Xeon, rope and rope:random_positions=8192 on an AMD EPYC)
 set -euo pipefail
 RUN=${RUN:-results/bam}
 SEEDS=${SEEDS:-0}
-VARIANTS=${VARIANTS:-"bam bam:ssmax=true alibi alibi:ssmax=true alibi:ssmax=true,ssmax_bias=false stickbreaking"}
+VARIANTS=${VARIANTS:-"bam bam:ssmax=true alibi alibi:ssmax=true alibi:ssmax=true,ssmax_bias=false stickbreaking rope rope:random_positions=8192"}
 for seed in $SEEDS; do
   relbench train --preset retrieval --seeds "$seed" --variants $VARIANTS --run-dir "$RUN"
   relbench extrapolate --run-dir "$RUN" --seeds "$seed" --variants $VARIANTS --task passkey
@@ -16,3 +17,4 @@ for seed in $SEEDS; do
 done
 relbench report --run-dir "$RUN"
 python results/bam/prior.py --run-dir "$RUN"
+python results/bam/drawn.py --run-dir "$RUN"   # the randomized-positions models at ordinary and at drawn positions
