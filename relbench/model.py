@@ -133,9 +133,7 @@ class GPT(nn.Module):
         x = self.tok(tokens)                                       # (B, L, D)
         first = self.positions[0]
         first.check_length(L)
-        given = {} if positions is None else {"positions": positions}
-        if given and not first.takes_positions:
-            raise UsageError(f'"{first.name}" cannot place its tokens at given positions (it does not declare takes_positions)')
+        given = first.placed(positions)
         absolute = first.embed(L, **given)
         if absolute is not None:
             x = x + absolute.to(x.dtype)                           # (L, D) or (B, L, D) broadcast over B

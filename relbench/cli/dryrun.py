@@ -71,7 +71,7 @@ def _step(model, optimizer, window, device, config) -> tuple[float, float]:
 
     inputs = window[:, :-1]
     chosen = random_positions(0, 0, inputs.shape[0], inputs.shape[1], model.random_positions) \
-        if getattr(model, "random_positions", 0) else None     # randomized positions train on a dense bias
+        if model.random_positions else None     # randomized positions train on a dense bias
     started = now()
     forward_backward(model, optimizer, inputs, window[:, 1:], None, device, config, 0, chosen)
     backward = now()

@@ -97,9 +97,7 @@ class PositionEncoding(nn.Module):
         built for several layers), then the rotation of q and k. `positions` (B, k_len): the keys'
         positions when they are not 0 .. k_len - 1 (randomized positions; `takes_positions` schemes
         only). Returns (q, k, plan) for `attention.attention`."""
-        given = {} if positions is None else {"positions": positions}
-        if given and not self.takes_positions:
-            raise UsageError(f'"{self.name}" cannot place its tokens at given positions (it does not declare takes_positions)')
+        given = self.placed(positions)
         if plan is None and self.adds_bias:
             if self.input_dependent and x is None:
                 raise UsageError(f'"{self.name}" computes its bias from the layer input: pass x to prepare()')
@@ -110,6 +108,15 @@ class PositionEncoding(nn.Module):
             q = q * scale
             plan = None if plan is None else plan.scaled(scale)
         return q, k, plan
+
+    def placed(self, positions: Tensor | None) -> dict[str, Tensor]:
+        """The keyword arguments that hand `positions` to embed/rotate/plan ({} for ordinary ones), or
+        a UsageError when given positions reach a scheme that does not declare `takes_positions`."""
+        if positions is None:
+            return {}
+        if not self.takes_positions:
+            raise UsageError(f'"{self.name}" cannot place its tokens at given positions (it does not declare takes_positions)')
+        return {"positions": positions}
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor | None:
         """The attention output (B, H, Lq, D) of a scheme that replaces softmax attention (declares
