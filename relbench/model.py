@@ -120,7 +120,8 @@ class GPT(nn.Module):
 
     @property
     def max_length(self) -> int | None:
-        return self.positions[0].max_length
+        first = self.positions[0]
+        return first.max_length if first.form is None else first.form.max_length(first)
 
     def forward(self, tokens: Tensor, observe: Callable[[int, Tensor, Tensor, BiasPlan | None], None] | None = None,
                 backend: str | None = None, positions: Tensor | None = None) -> Tensor:
@@ -128,11 +129,14 @@ class GPT(nn.Module):
         layer's rotated queries and keys and its bias plan just before attention (relbench inspect
         reads attention from here); `backend` overrides the configured attention backend.
         `positions` (B, L), increasing integers: where the tokens sit when not at 0 .. L - 1
-        (randomized positions in training; schemes that declare `takes_positions`)."""
+        (randomized positions in training; schemes that declare `takes_positions`); None: 0 .. L - 1, or
+        where the encodings' evaluation form places them (`drawn`)."""
         _B, L = tokens.shape
         x = self.tok(tokens)                                       # (B, L, D)
         first = self.positions[0]
         first.check_length(L)
+        if positions is None and first.form is not None:
+            positions = first.form.placement(first, tokens)        # an evaluation form's positions (drawn)
         given = first.placed(positions)
         absolute = first.embed(L, **given)
         if absolute is not None:

@@ -21,6 +21,7 @@ notice ("survived") is a gap in the tests.
     python tests/mutation_check.py -k stick     # stick-breaking attention
     python tests/mutation_check.py -k random    # randomized positions (VARIANT:random_positions=N)
     python tests/mutation_check.py -k HoPE      # HoPE (RoPE with its slow pairs unrotated)
+    python tests/mutation_check.py -k drawn     # the drawn evaluation form (randomized positions at test time)
 
 Not collected by pytest (its name does not start with test_); it takes a few minutes.
 """
@@ -58,6 +59,7 @@ BAM = ["tests/test_bam.py", "tests/test_capabilities.py"]
 SSMAX = ["tests/test_ssmax.py"]
 STICK = ["tests/test_stickbreaking.py", "tests/test_capabilities.py"]
 RANDOM = ["tests/test_random_positions.py"]
+DRAWN = ["tests/test_drawn_form.py"]
 HOPE = ["tests/test_hope.py"]
 MUTATIONS = [
     ("bias sign flipped on the reference path", "relbench/attention/__init__.py",
@@ -87,10 +89,17 @@ MUTATIONS = [
     ("HoPE's threshold a radian instead of a full turn", "relbench/positions/rope.py",
      "return inv_freq * self.train_length >= 2 * math.pi * self.cycles", "return inv_freq * self.train_length >= self.cycles",
      HOPE),
-    ("randomized positions drawn but not sorted", "relbench/training/batches.py",
-     "[:length].sort().values for _ in range(count)]", "[:length] for _ in range(count)]", RANDOM),
-    ("randomized positions drawn from one position too few", "relbench/training/batches.py",
+    ("randomized positions drawn but not sorted", "relbench/positions/base.py",
+     "return torch.randperm(limit, generator=generator)[:length].sort().values",
+     "return torch.randperm(limit, generator=generator)[:length]", RANDOM),
+    ("randomized positions drawn from one position too few", "relbench/positions/base.py",
      "torch.randperm(limit, generator=generator)", "torch.randperm(limit - 1, generator=generator)", RANDOM),
+    ("the drawn form's positions never reach the model", "relbench/model.py",
+     "positions = first.form.placement(first, tokens)", "positions = None", DRAWN),
+    ("the drawn form places every sequence of a batch at the same positions", "relbench/positions/forms.py",
+     "self.seed * 1_000_003 + zlib.crc32(row.numpy().tobytes())", "self.seed * 1_000_003", DRAWN),
+    ("a model read at drawn positions is skipped by its ordinary-position criterion", "relbench/evaluation/evaluators.py",
+     "    if spec and forms.places_positions(spec):\n        return None\n", "", DRAWN),
     ("randomized positions: a relative bias at chosen positions reads j - i", "relbench/positions/base.py",
      "positions[:, k_len - q_len:, None] - positions[:, None, :]", "positions[:, None, :] - positions[:, k_len - q_len:, None]",
      RANDOM),

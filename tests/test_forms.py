@@ -221,13 +221,16 @@ def test_table_forms_refuse_a_table_trained_with_log_from():
 
 
 # ---- the registry --------------------------------------------------------------------------------------
+# the options a form needs on a variant trained without them (drawn: the range of a model trained at 0 .. L - 1)
+REQUIRED = {"drawn": ":limit=64"}
+
 @pytest.mark.parametrize("form", forms.form_names())
 @torch.no_grad()
 def test_every_form_runs_on_every_scheme_it_declares_and_refuses_the_others(form):
     cls = forms.get_form(form)
     tokens = torch.randint(0, 64, (1, 24), generator=torch.Generator().manual_seed(4))
     for name in positions.names():
-        spec = f"{name}@{form}"
+        spec = f"{name}@{form}" + REQUIRED.get(form, "")
         if not cls.applies(positions.get(name)):
             with pytest.raises(UsageError, match=f'form "{form}" does not apply to "{name}"') as error:
                 forms.parse_form(spec)

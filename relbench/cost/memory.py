@@ -126,14 +126,17 @@ def scores_bytes(backend: str, length: int, batch: int, heads: int, has_bias: bo
     return 0
 
 
-def evaluation_bytes(model: ModelConfig, backend: str, length: int, batch: int, has_bias: bool) -> int:
+def evaluation_bytes(model: ModelConfig, backend: str, length: int, batch: int, has_bias: bool,
+                     dense_bias: bool = False) -> int:
     """One evaluation forward of `batch` windows of `length` (no gradients): a layer's activations
     (residual, norm, q/k/v, attention output, MLP hidden before and after GELU), the logits and
-    their fp32 log-probabilities, and what the attention backend materialises."""
+    their fp32 log-probabilities, and what the attention backend materialises; with `dense_bias`, a
+    (batch, heads, L, L) bias each sequence has its own of (a relative bias at drawn positions)."""
     tokens = batch * length
     hidden = int(model.mlp_ratio * model.d_model)
+    dense = FLOAT * batch * model.n_heads * length * length if dense_bias and has_bias else 0
     return (FLOAT * tokens * (7 * model.d_model + 2 * hidden + 2 * model.vocab_size)
-            + scores_bytes(backend, length, batch, model.n_heads, has_bias))
+            + scores_bytes(backend, length, batch, model.n_heads, has_bias) + dense)
 
 
 # the peak of a training step over what is resident when backward starts (tests/test_memory.py,

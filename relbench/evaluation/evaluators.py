@@ -109,7 +109,9 @@ def unfit(model: GPT, length: int, per_batch: int, backend: str, device: torch.d
     CPU the kernel would kill the process rather than raise); None when it can."""
     if model.max_length is not None and length > model.max_length:
         return Skipped("unsupported", f"no position representation beyond {model.max_length}")
-    need = memory.evaluation_bytes(model.config, backend, length, per_batch, model.positions[0].adds_bias)
+    first = model.positions[0]
+    placed = first.form is not None and first.form.places     # each sequence at its own positions: a dense bias
+    need = memory.evaluation_bytes(model.config, backend, length, per_batch, first.adds_bias, dense_bias=placed)
     have = memory.budget(device)
     if have is not None and need > have:
         return Skipped("oom", f"skipped: {backend} attention at length {length} needs about {memory.human(need)}, "
@@ -127,10 +129,14 @@ def guarded(compute, length: int, device: torch.device):
         return Skipped("oom", f"out of memory at length {length} on {device}")
 
 
-def not_learned(meta: dict[str, Any], task: str) -> str | None:
+def not_learned(meta: dict[str, Any], task: str, spec: str = "") -> str | None:
     """Why a checkpoint is not evaluated on `task`, or None: it was trained to criterion on that
     task and did not learn it, so its accuracy at longer lengths would say nothing (a model that
-    never learned a task at 1x is *not learned*, not one that fails to extrapolate)."""
+    never learned a task at 1x is *not learned*, not one that fails to extrapolate). A `spec` read at
+    other positions than the criterion checked (the `drawn` form) is evaluated: its accuracy at the
+    training length decides whether it learned (evaluation/reach.py)."""
+    if spec and forms.places_positions(spec):
+        return None
     train, summary = meta.get("train", {}), meta.get("summary", {})
     if train.get("task") != task or not train.get("criterion_accuracy") or summary.get("learned") is not False:
         return None

@@ -153,7 +153,7 @@ def plan(run_dir: Path, pairs: list[tuple[str, int]], job: Job, console) -> tupl
     tables, units = Tables(run_dir), []
     for spec, seed in pairs:
         meta = checkpoints.read_meta(checkpoint_of(run_dir, spec, seed)) or {}
-        reasons = {task: not_learned(meta, task) for task in job.tasks}
+        reasons = {task: not_learned(meta, task, spec) for task in job.tasks}
         skipped = tuple(task for task, reason in reasons.items() if reason and not job.not_learned)
         for task in skipped:
             console.print(f"{spec:<12} seed {seed}: {reasons[task]} (--not-learned evaluates it)", markup=False)

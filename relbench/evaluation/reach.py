@@ -3,7 +3,8 @@
 Competence first (DESIGN.md, "What a number may claim"): a seed counts for a variant's reach only
 if that model learned the task at its training length. Training to criterion records it
 (`learned` in the checkpoint's summary, relbench/training/train.py); a run trained without a criterion counts
-as learned when its evaluated accuracy at the training length is at least REACH_ACCURACY. A variant
+as learned when its evaluated accuracy at the training length is at least REACH_ACCURACY, and so
+does a model read at other positions than its criterion checked (the `drawn` form: positions/forms.py). A variant
 with no learned seed has no reach: it is *not learned (0/3)*, never reach "none", which would read as
 a failure to extrapolate.
 
@@ -22,6 +23,7 @@ from typing import Any
 import pandas as pd
 
 from relbench.evaluation.summaries import recorded_summary
+from relbench.positions import forms
 from relbench.runs import results
 from relbench.stats import wilson
 
@@ -40,7 +42,11 @@ class Competence:
 def training_competence(run_dir: Path, variant: str, seed: int, config: dict[str, Any] | None = None,
                         curves: pd.DataFrame | None = None) -> Competence | None:
     """What training to criterion recorded for this model (its checkpoint, or without one its rows in
-    train.csv: relbench/evaluation/summaries.py); None when it was not trained to one."""
+    train.csv: relbench/evaluation/summaries.py); None when it was not trained to one, and for a
+    variant read at other positions than the criterion checked (the `drawn` form): then, as for a run
+    without a criterion, its evaluated accuracy at the training length decides."""
+    if forms.places_positions(variant):
+        return None
     summary = recorded_summary(run_dir, variant.split("@")[0], seed, config, curves) or {}
     if summary.get("learned") is None:
         return None

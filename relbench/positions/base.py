@@ -258,6 +258,12 @@ def build(name: str, n_heads: int = 8, head_dim: int = 64, d_model: int | None =
 
 
 # ---- variant specs: "xl" or "xl:k=64,shared_heads=true" ---------------------------------------------
+def sorted_draw(generator: torch.Generator, length: int, limit: int) -> Tensor:
+    """(length,) int64: a sorted random subset of [0, limit) drawn without replacement, the positions
+    of one sequence under randomized positions (training; the `drawn` evaluation form)."""
+    return torch.randperm(limit, generator=generator)[:length].sort().values
+
+
 def _training_option(name: str, default: Any) -> inspect.Parameter:
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default)
 
@@ -332,6 +338,7 @@ class Form:
     name: ClassVar[str] = ""
     applies_to: ClassVar[type[PositionEncoding]] = PositionEncoding   # the schemes (with subclasses) it fits
     formula: ClassVar[str] = ""           # one line, shown in the README and by `forms_table`
+    places: ClassVar[bool] = False        # `placement` gives positions other than 0 .. L - 1 (drawn)
 
     @classmethod
     def applies(cls, scheme: type[PositionEncoding]) -> bool:
@@ -362,6 +369,20 @@ class Form:
 
     def horizon(self, enc: PositionEncoding, length: int) -> int | None:
         return enc.horizon()
+
+    def placement(self, enc: PositionEncoding, tokens: Tensor) -> Tensor | None:
+        """(B, L) positions at which the model places `tokens` (B, L), or None: 0 .. L - 1 (every form
+        but `drawn`, which places them as randomized-positions training does)."""
+        return None
+
+    def max_length(self, enc: PositionEncoding) -> int | None:
+        """The longest sequence the encoding can read under this form: the scheme's own."""
+        return enc.max_length
+
+    def for_variant(self, variant: str) -> Form:
+        """The form as it reads the trained variant `variant` (its spec, training options included):
+        itself, unless an option's default comes from how the variant was trained (`drawn`'s limit)."""
+        return self
 
     def pinned(self, enc: PositionEncoding, length: int) -> Form:
         """The form to fine-tune under at `length`: options that default to following the evaluated

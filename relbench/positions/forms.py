@@ -34,9 +34,11 @@ from __future__ import annotations
 import copy
 import math
 import re
+import zlib
 from typing import Any
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
 from relbench.errors import UsageError, one_line
 from relbench.positions import base
@@ -136,6 +138,14 @@ def form_text(spec: str) -> str:
     return split_spec(spec)[1] or tuned_form(spec)
 
 
+def places_positions(spec: str) -> bool:
+    """Whether `spec` is evaluated under a form that places its tokens elsewhere than 0 .. L - 1
+    (`drawn`): training's criterion, checked at ordinary positions, does not speak for it, and the
+    model is judged by its own accuracy at the training length (evaluation/reach.py)."""
+    text = form_text(spec)
+    return bool(text) and get_form(text.partition(":")[0].strip()).places
+
+
 def finetune_length(spec: str) -> int | None:
     """The length the checkpoint of `spec` was fine-tuned at, or None for a checkpoint as trained."""
     match = _finetuned(spec)
@@ -172,7 +182,7 @@ def parse_form(spec: str) -> Form | None:
         raise UsageError(f'evaluation form "{cls.name}" does not apply to "{scheme.name}"; it applies to: {fits}')
     options = base.parse_options(rest, cls.options(), spec, f'of form "{cls.name}" in "{one_line(spec)}"',
                                  f'option of form "{cls.name}"')
-    return cls(**options)
+    return cls(**options).for_variant(variant)
 
 
 def apply(model: nn.Module, spec: str) -> Form | None:
@@ -231,3 +241,54 @@ class LogN(Form):
 
     def logit_scale(self, enc: PositionEncoding, length: int) -> float:
         return logn_scale(length, enc.train_length)
+
+
+# ---- randomized positions at test time --------------------------------------------------------------
+@register_form("drawn")
+class Drawn(Form):
+    """Each evaluated sequence's tokens placed at a sorted random subset of [0, limit), drawn as
+    randomized-positions training draws them (VARIANT:random_positions=N, Ruoss et al. 2023), instead
+    of at 0 .. L - 1: the test protocol of that method, whose official code draws at test time too.
+    `limit` defaults to the N the variant was trained with; a variant trained at ordinary positions
+    needs it given (drawn:limit=8192: an ordinary model read at drawn positions, the control).
+
+    The draw of a sequence is seeded by `seed` and the sequence's own tokens, so a trial sits at the
+    same positions whatever batch or process evaluates it. No sequence longer than `limit` can be
+    placed: those lengths are skipped as unsupported, as a learned table's beyond its rows. A
+    relative bias at drawn positions is a dense (B, H, L, L) plan, not a Toeplitz one."""
+
+    formula = "positions: a sorted random subset of [0, N) per sequence (N = random_positions)"
+    places = True
+
+    def __init__(self, limit: int = 0, seed: int = 0):
+        if limit < 0:
+            raise UsageError(f"limit={limit} of form \"drawn\" must be positive (0: the variant's random_positions)")
+        self.limit, self.seed = int(limit), int(seed)
+
+    @classmethod
+    def applies(cls, scheme: type[PositionEncoding]) -> bool:
+        return scheme.takes_positions
+
+    def for_variant(self, variant: str) -> Form:
+        if self.limit:
+            return self
+        trained = int(base.training_options(variant).get("random_positions", 0))
+        if not trained:
+            raise UsageError(f'form "drawn" of "{one_line(variant)}": the variant was not trained with random_positions; '
+                             f"give the range to draw from, drawn:limit=N")
+        return replaced(self, limit=trained)
+
+    def max_length(self, enc: PositionEncoding) -> int | None:
+        own = enc.max_length
+        return self.limit if own is None else min(own, self.limit)
+
+    def placement(self, enc: PositionEncoding, tokens: Tensor) -> Tensor:
+        length = tokens.shape[-1]
+        if length > self.limit:
+            raise base.UnsupportedLength(f'form "drawn" places at most {self.limit} tokens (positions drawn from '
+                                         f"[0, {self.limit})); length {length} is beyond it")
+        rows = []
+        for row in tokens.detach().cpu():
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + zlib.crc32(row.numpy().tobytes()))
+            rows.append(base.sorted_draw(generator, length, self.limit))
+        return torch.stack(rows).to(tokens.device)

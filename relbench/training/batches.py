@@ -26,6 +26,7 @@ import torch
 from relbench.config import TrainConfig
 from relbench.errors import RelbenchError, unknown
 from relbench.tasks import mqar, passkey
+from relbench.positions.base import sorted_draw
 
 RETRIEVAL_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)   # of the fixed trials retrieval_accuracy scores
 VALIDATION_SEED = 12345                          # of the fixed validation trials of the retrieval tasks
@@ -115,7 +116,7 @@ def random_positions(seed: int, step: int, count: int, length: int, limit: int) 
     generator seeded by (seed, step) like the batch itself (another stream than the batch's), so a
     resumed training draws the same."""
     generator = torch.Generator().manual_seed(_seeded(seed, step) ^ POSITIONS_STREAM)
-    rows = [torch.randperm(limit, generator=generator)[:length].sort().values for _ in range(count)]
+    rows = [sorted_draw(generator, length, limit) for _ in range(count)]
     return torch.stack(rows)
 
 
