@@ -25,8 +25,8 @@ import torch
 
 from relbench.config import TrainConfig
 from relbench.errors import RelbenchError, unknown
-from relbench.tasks import mqar, passkey
 from relbench.positions.base import sorted_draw
+from relbench.tasks import mqar, passkey
 
 RETRIEVAL_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)   # of the fixed trials retrieval_accuracy scores
 VALIDATION_SEED = 12345                          # of the fixed validation trials of the retrieval tasks
