@@ -5,15 +5,17 @@
 # (32768, 65536: about 9 and 23 min of one core on the Xeon host); then the learned prior (prior.py).
 # Run from the repository root; a stopped run resumes where it stopped.
 #   SEEDS="0 1 2" bash results/bam/regenerate.sh   (committed: seeds 0-2 of bam, alibi and rope, seed 0 of the rest;
-#   bam, alibi and the SSMax and stick-breaking rows on an Intel Xeon, rope, rope:random_positions=8192 and hope on an AMD EPYC)
+#   bam, alibi and the SSMax and stick-breaking rows on an Intel Xeon, rope, rope:random_positions=8192, hope, kerple-log and fox:bias_init=5 on an AMD EPYC)
 set -euo pipefail
 RUN=${RUN:-results/bam}
 SEEDS=${SEEDS:-0}
-VARIANTS=${VARIANTS:-"bam bam:ssmax=true alibi alibi:ssmax=true alibi:ssmax=true,ssmax_bias=false stickbreaking rope rope:random_positions=8192 hope"}
+VARIANTS=${VARIANTS:-"bam bam:ssmax=true alibi alibi:ssmax=true alibi:ssmax=true,ssmax_bias=false stickbreaking rope rope:random_positions=8192 hope kerple-log fox:bias_init=5"}
 for seed in $SEEDS; do
   relbench train --preset retrieval --seeds "$seed" --variants $VARIANTS --run-dir "$RUN"
   relbench extrapolate --run-dir "$RUN" --seeds "$seed" --variants $VARIANTS --task passkey
-  relbench extrapolate --run-dir "$RUN" --seeds "$seed" --variants bam --task passkey --lengths 32768 65536
+  relbench extrapolate --run-dir "$RUN" --seeds "$seed" --variants bam kerple-log --task passkey --lengths 32768 65536
+  # the randomized model under its own protocol (the drawn form), and plain rope read the same way (the control)
+  relbench extrapolate --run-dir "$RUN" --seeds "$seed" --variants "rope:random_positions=8192@drawn" "rope@drawn:limit=8192" --task passkey
 done
 relbench report --run-dir "$RUN"
 python results/bam/prior.py --run-dir "$RUN"
