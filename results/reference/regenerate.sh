@@ -9,6 +9,8 @@ set -euo pipefail
 RUN=${RUN:-results/reference}
 SEEDS=${SEEDS:-0 1 2}          # e.g. SEEDS=0 for one seed
 VARIANTS=${VARIANTS:-}         # e.g. VARIANTS="t5 alibi rope" (default: every registered variant)
+# the seven 2025 rows (committed, seeds 0-2, AMD host: README) were made with
+#   VARIANTS='bam bam:ssmax=true alibi:ssmax=true alibi:ssmax=true,ssmax_bias=false stickbreaking hope rope:random_positions=1024'
 only=(); [ -n "$VARIANTS" ] && only=(--variants $VARIANTS)
 for seed in $SEEDS; do   # one seed at a time: a stopped run keeps every finished seed
   relbench train --preset quick --seeds "$seed" "${only[@]}" --run-dir "$RUN"
