@@ -7,6 +7,9 @@ shared options and checks in cli/common.py."""
 from __future__ import annotations
 
 import contextlib
+import signal
+import sys
+import threading
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -43,7 +46,7 @@ from relbench.cli.common import (
     unique,
     use_plugins,
 )
-from relbench.cli.group import spread_variadic  # noqa: F401  (part of the module's API)
+from relbench.cli.group import say_interrupted, spread_variadic  # noqa: F401  (spread_variadic: part of the module's API)
 from relbench.cli.pipeline import dry_run_experiment, extrapolate_runs, report_run, train_runs
 from relbench.config import experiment, read_file
 from relbench.errors import UsageError
@@ -288,7 +291,22 @@ def merge_command(
 
 
 def main() -> None:
-    with distributed.session():                   # a process group under torchrun, nothing otherwise
-        console.quiet = not distributed.is_main()  # rank 0 speaks for the job (progress, tables, messages)
-        app()
+    """The command line. A Ctrl-C inside a command is the command's to handle (training saves, then
+    exits 130); one that lands while the process winds down (the process group closing, the
+    interpreter exiting) ends it the same way, without a traceback: by then everything is saved."""
+    try:
+        with distributed.session():                   # a process group under torchrun, nothing otherwise
+            console.quiet = not distributed.is_main()  # rank 0 speaks for the job (progress, tables, messages)
+            app()
+    except KeyboardInterrupt:
+        ignore_interrupts()
+        say_interrupted()
+        sys.exit(130)
+    finally:
+        ignore_interrupts()   # the command has returned or raised: nothing is left for a Ctrl-C to stop
+
+
+def ignore_interrupts() -> None:
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 

@@ -73,6 +73,14 @@ ORDER = ("bench", "train", "tune-lr", "extrapolate", "finetune", "report", "vari
          "check", "new-variant")
 
 
+INTERRUPTED = "interrupted: everything finished so far is kept; run the same command again to compute the rest"
+
+
+def say_interrupted() -> None:
+    """The one line a Ctrl-C ends with, wherever in the process it landed."""
+    _say(INTERRUPTED, 130)
+
+
 class Group(TyperGroup):
     """Errors become one line on stderr and an exit code: 2 for usage, 1 for runtime problems."""
 
@@ -102,8 +110,7 @@ class Group(TyperGroup):
             _say(f"error: {message} (see `{where} --help`)", code)
         code = code if isinstance(code, int) else 0
         if code == 130 and not interrupted_message_shown:
-            _say("interrupted: everything finished so far is kept; run the same command again to compute the rest",
-                 code)
+            _say(INTERRUPTED, code)
         if standalone_mode:
             sys.exit(code)
         return code
