@@ -5,7 +5,7 @@
 # (32768, 65536: about 9 and 23 min of one core on the Xeon host); then the learned prior (prior.py).
 # Run from the repository root; a stopped run resumes where it stopped.
 #   SEEDS="0 1 2" bash results/bam/regenerate.sh   (committed: seeds 0-2 of bam, alibi, rope, hope, kerple-log, fire, t5,
-#   xl and the two alibi:ssmax rows, seed 0 of the rest; kerple-log at 32768 in seeds 0-2, at 65536 in seed 0;
+#   xl and the two alibi:ssmax rows, seed 0 of the rest; kerple-log at 32768 in seeds 0-2, at 65536 in seeds 0 and 2;
 #   bam, alibi, seed 0 of the SSMax rows and stick-breaking on an Intel Xeon, the rest on two AMD EPYC hosts: README)
 set -euo pipefail
 RUN=${RUN:-results/bam}
