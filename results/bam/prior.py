@@ -4,6 +4,7 @@ distance, to 512x the training length, each head beside the ALiBi line it starte
 
     python results/bam/prior.py            # from results/bam's checkpoints (after regenerate.sh), then the plot
     python results/bam/prior.py --plot     # the plot alone, from the committed prior.csv
+    python results/bam/prior.py --run-dir results/bam-mqar   # another run's: prior.csv and plots/ there
 """
 
 from __future__ import annotations
@@ -42,8 +43,15 @@ def read_checkpoints(run_dir: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def plot(frame: pd.DataFrame, out: Path, longest: int = 65536) -> None:
-    d = torch.logspace(0, torch.log10(torch.tensor(float(longest))), 200)
+def train_length(run_dir: Path) -> int:
+    import json
+
+    return int(json.loads((run_dir / "config.json").read_text())["model"]["train_length"])
+
+
+def plot(frame: pd.DataFrame, out: Path, length: int = 128) -> None:
+    """Each head's penalty to 512x the training length `length`."""
+    d = torch.logspace(0, torch.log10(torch.tensor(float(512 * length))), 200)
     variants = list(dict.fromkeys(frame["variant"]))
     fig, axes = plt.subplots(1, len(variants), figsize=(6 * len(variants), 4.5), squeeze=False)
     for ax, variant in zip(axes[0], variants):
@@ -52,10 +60,10 @@ def plot(frame: pd.DataFrame, out: Path, longest: int = 65536) -> None:
             bias = -row.scale * ((d - row.mu).abs() + 1e-5) ** row.shape
             line, = ax.plot(d, -bias, label=f"seed {row.seed} head {row.head}: {row.scale:.4f} d^{row.shape:.2f}")
             ax.plot(d, row.alibi_slope * d, color=line.get_color(), linestyle=":", linewidth=1)
-        ax.axvline(128, color="grey", linewidth=0.8)
+        ax.axvline(length, color="grey", linewidth=0.8)
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_xlabel("distance i - j (training length 128: grey line)")
+        ax.set_xlabel(f"distance i - j (training length {length}: grey line)")
         ax.set_ylabel("penalty -b(d), nats (dotted: the ALiBi line it started from)")
         ax.set_title(f"{variant}: learned prior per head")
         ax.legend(fontsize=7)
@@ -67,11 +75,11 @@ def plot(frame: pd.DataFrame, out: Path, longest: int = 65536) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--plot", action="store_true", help="plot the committed prior.csv only")
-    parser.add_argument("--run-dir", type=Path, default=HERE)
+    parser.add_argument("--run-dir", type=Path, default=HERE, help="the run (prior.csv and plots/prior.png go there)")
     args = parser.parse_args()
     if not args.plot:
-        read_checkpoints(args.run_dir).to_csv(HERE / "prior.csv", index=False)
-    plot(pd.read_csv(HERE / "prior.csv"), HERE / "plots" / "prior.png")
+        read_checkpoints(args.run_dir).to_csv(args.run_dir / "prior.csv", index=False)
+    plot(pd.read_csv(args.run_dir / "prior.csv"), args.run_dir / "plots" / "prior.png", train_length(args.run_dir))
 
 
 if __name__ == "__main__":
