@@ -141,6 +141,24 @@ def test_a_group_table_is_replaced_whole(workers, tmp_path):
     assert len(mine) == 1 and mine.loss_sum.iloc[0] == 0.0
 
 
+def test_a_seed_configured_but_never_finished_is_not_recorded(workers, tmp_path):
+    """A worker stopped before its next seed finished (config.json lists seeds 0 and 5, train.csv holds seed 0
+    only): the merged run and its record name the seed it holds, so the report does not claim seed 5."""
+    source = tmp_path / "a"
+    shutil.copytree(workers / "a", source)
+    config = json.loads((source / "config.json").read_text())
+    config["seeds"], config["variants"] = [0, 5], ["alibi", "xl"]
+    (source / "config.json").write_text(json.dumps(config))
+    target = tmp_path / "all"
+    result = run("merge", source, "--run-dir", target)
+    assert result.exit_code == 0, result.output
+    merged = results.require_run(target)
+    assert merged["seeds"] == [0] and merged["variants"] == ["alibi"]
+    assert [(m["variants"], m["seeds"]) for m in merged["merged_from"]] == [(["alibi"], [0])]
+    assert run("report", "--run-dir", target).exit_code == 0
+    assert f"Folded in (`relbench merge`) from {source}: alibi, seeds 0, trained on " in (target / "report.md").read_text()
+
+
 def test_runs_of_another_configuration_do_not_merge(workers, tmp_path):
     other = tmp_path / "lr"
     result = run("train", "--preset", "tiny", "--variants", "xl", "--seeds", 0, "--lr", 1e-3, "--run-dir", other)

@@ -10,7 +10,8 @@ configuration. `merge_runs` folds such runs into one, so `report` sees every var
   their writers key them (train.csv and positions.csv by their groups: a variant x seed's loss
   curve, a perplexity row's position bins, go whole);
 - config.json gains the sources' variants and seeds, and records each source (`merged_from`:
-  its folder, variants, seeds and environment: the machine and commit its figures came from).
+  its folder, the variants and seeds it holds (those with a loss curve, not a seed it was configured
+  for and never finished) and environment: the machine and commit its figures came from).
 
 Nothing is lost: a row, group or checkpoint that both hold and that differs is a conflict, and the
 merge stops before writing anything, unless `replace` says the sources' win. One the target holds
@@ -78,6 +79,20 @@ def _fold(target: pd.DataFrame, source: pd.DataFrame, key: list[str], replace: b
     frames = [f for f in kept_target + keep if not f.empty]
     out = pd.concat(frames, ignore_index=True) if frames else target
     return out, added, replaced
+
+
+def _held(source: Path, config: dict[str, Any]) -> tuple[list[str], list[int]]:
+    """The variants and seeds `source` holds: those with a loss curve in its train.csv (a seed it was
+    configured for but stopped before finishing is not one), in its config's order; its config's lists
+    where it has no train.csv."""
+    path = source / results.TRAIN_CSV
+    curves = results.read_csv(path) if path.is_file() else pd.DataFrame()
+    if curves.empty or not {"variant", "seed"} <= set(curves.columns):
+        return list(config.get("variants", [])), list(config.get("seeds", []))
+    names, numbers = set(curves["variant"].astype(str)), {int(s) for s in curves["seed"]}
+    variants = [v for v in config.get("variants", []) if v in names]
+    variants += sorted(names - set(variants))
+    return variants, sorted(numbers)
 
 
 def _checkpoint_meta(folder: Path) -> str | None:
@@ -174,9 +189,10 @@ def merge_runs(target: Path, sources: list[Path], tables: dict[str, list[str]], 
     seeds = set(config.get("seeds", [])) if not fresh else set()
     history = list(config.get("merged_from", []))
     for source, theirs in zip(sources, configs):
-        variants += [v for v in theirs.get("variants", []) if v not in variants]
-        seeds |= set(theirs.get("seeds", []))
-        history.append({"run": str(source), "variants": theirs.get("variants", []), "seeds": theirs.get("seeds", []),
+        held_variants, held_seeds = _held(source, theirs)
+        variants += [v for v in held_variants if v not in variants]
+        seeds |= set(held_seeds)
+        history.append({"run": str(source), "variants": held_variants, "seeds": held_seeds,
                         "environment": theirs.get("environment", {})})
     config = {**_in_field_order(config), "variants": variants, "seeds": sorted(seeds), "merged_from": history}
     if plugins:
