@@ -2,7 +2,8 @@
 theta_beta, location mu, each head's ALiBi slope) and plots/prior.png (the bias -scale * d^shape against
 distance, to 512x the training length, each head beside the ALiBi line it started from).
 
-    python results/bam/prior.py            # from results/bam's checkpoints (after regenerate.sh), then the plot
+    python results/bam/prior.py            # from results/bam's checkpoints (after regenerate.sh), then the plot;
+                                           # a (variant, seed) with no checkpoint here keeps its committed rows
     python results/bam/prior.py --plot     # the plot alone, from the committed prior.csv
     python results/bam/prior.py --run-dir results/bam-mqar   # another run's: prior.csv and plots/ there
 """
@@ -43,6 +44,18 @@ def read_checkpoints(run_dir: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def update(path: Path, found: pd.DataFrame) -> None:
+    """Write prior.csv: the rows read from the checkpoints, and the committed rows of every (variant, seed)
+    whose checkpoint is not here (a run folded in by `relbench merge` brings only its own checkpoints)."""
+    if path.exists():
+        kept = pd.read_csv(path)
+        if not found.empty:
+            read = set(zip(found["variant"], found["seed"]))
+            kept = kept[[key not in read for key in zip(kept["variant"], kept["seed"])]]
+        found = pd.concat([kept, found], ignore_index=True) if not found.empty else kept
+    found.sort_values(["variant", "seed", "head"], kind="stable").to_csv(path, index=False)
+
+
 def train_length(run_dir: Path) -> int:
     import json
 
@@ -78,7 +91,7 @@ def main() -> None:
     parser.add_argument("--run-dir", type=Path, default=HERE, help="the run (prior.csv and plots/prior.png go there)")
     args = parser.parse_args()
     if not args.plot:
-        read_checkpoints(args.run_dir).to_csv(args.run_dir / "prior.csv", index=False)
+        update(args.run_dir / "prior.csv", read_checkpoints(args.run_dir))
     plot(pd.read_csv(args.run_dir / "prior.csv"), args.run_dir / "plots" / "prior.png", train_length(args.run_dir))
 
 
