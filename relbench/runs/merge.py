@@ -81,12 +81,10 @@ def _fold(target: pd.DataFrame, source: pd.DataFrame, key: list[str], replace: b
     return out, added, replaced
 
 
-def _held(source: Path, config: dict[str, Any]) -> tuple[list[str], list[int]]:
-    """The variants and seeds `source` holds: those with a loss curve in its train.csv (a seed it was
-    configured for but stopped before finishing is not one), in its config's order; its config's lists
+def _held(curves: pd.DataFrame, config: dict[str, Any]) -> tuple[list[str], list[int]]:
+    """The variants and seeds a source holds: those with a loss curve in its train.csv, `curves` (a seed it
+    was configured for but stopped before finishing is not one), in its config's order; its config's lists
     where it has no train.csv."""
-    path = source / results.TRAIN_CSV
-    curves = results.read_csv(path) if path.is_file() else pd.DataFrame()
     if curves.empty or not {"variant", "seed"} <= set(curves.columns):
         return list(config.get("variants", [])), list(config.get("seeds", []))
     names, numbers = set(curves["variant"].astype(str)), {int(s) for s in curves["seed"]}
@@ -140,6 +138,7 @@ def merge_runs(target: Path, sources: list[Path], tables: dict[str, list[str]], 
 
     conflicts: list[str] = []
     folded: dict[str, pd.DataFrame] = {}
+    curves: dict[Path, pd.DataFrame] = {}     # each source's train.csv, as read for the fold
     merged = Merged()
     for name, key in {results.TRAIN_CSV: TRAIN_KEY, **tables}.items():
         path = target / name
@@ -148,8 +147,10 @@ def merge_runs(target: Path, sources: list[Path], tables: dict[str, list[str]], 
         for source in sources:
             if not (source / name).is_file():
                 continue
-            table, added, replaced = _fold(table, results.read_csv(source / name), key, replace, name, str(source),
-                                           conflicts)
+            source_rows = results.read_csv(source / name)
+            if name == results.TRAIN_CSV:
+                curves[source] = source_rows
+            table, added, replaced = _fold(table, source_rows, key, replace, name, str(source), conflicts)
             merged.added[name] = merged.added.get(name, 0) + added
             merged.replaced[name] = merged.replaced.get(name, 0) + replaced
             changed |= bool(added or replaced)
@@ -189,7 +190,7 @@ def merge_runs(target: Path, sources: list[Path], tables: dict[str, list[str]], 
     seeds = set(config.get("seeds", [])) if not fresh else set()
     history = list(config.get("merged_from", []))
     for source, theirs in zip(sources, configs):
-        held_variants, held_seeds = _held(source, theirs)
+        held_variants, held_seeds = _held(curves.get(source, pd.DataFrame()), theirs)
         variants += [v for v in held_variants if v not in variants]
         seeds |= set(held_seeds)
         history.append({"run": str(source), "variants": held_variants, "seeds": held_seeds,

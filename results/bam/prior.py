@@ -21,6 +21,7 @@ import pandas as pd
 import torch
 
 HERE = Path(__file__).resolve().parent
+COLUMNS = ["variant", "seed", "head", "scale", "shape", "mu", "alibi_slope"]
 
 
 def read_checkpoints(run_dir: Path) -> pd.DataFrame:
@@ -41,18 +42,16 @@ def read_checkpoints(run_dir: Path) -> pd.DataFrame:
             rows.append({"variant": spec, "seed": seed, "head": head,
                          "scale": float(theta_alpha[head].exp()), "shape": float(theta_beta[head]),
                          "mu": float(mu[head]), "alibi_slope": float(start[head])})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=COLUMNS)
 
 
 def update(path: Path, found: pd.DataFrame) -> None:
     """Write prior.csv: the rows read from the checkpoints, and the committed rows of every (variant, seed)
     whose checkpoint is not here (a run folded in by `relbench merge` brings only its own checkpoints)."""
     if path.exists():
-        kept = pd.read_csv(path)
-        if not found.empty:
-            read = set(zip(found["variant"], found["seed"]))
-            kept = kept[[key not in read for key in zip(kept["variant"], kept["seed"])]]
-        found = pd.concat([kept, found], ignore_index=True) if not found.empty else kept
+        kept, read = pd.read_csv(path), set(zip(found["variant"], found["seed"]))
+        kept = kept[[key not in read for key in zip(kept["variant"], kept["seed"])]]
+        found = pd.concat([frame for frame in (kept, found) if not frame.empty] or [found], ignore_index=True)
     found.sort_values(["variant", "seed", "head"], kind="stable").to_csv(path, index=False)
 
 
