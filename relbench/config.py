@@ -107,6 +107,10 @@ class TrainConfig:
                                     # `steps` is then the cap. 0: train all `steps` (no criterion)
     criterion_checks: int = 2       # consecutive checks the accuracy must hold for a model to count as learned
     criterion_trials: int = 50      # fixed validation trials per check (5 depths for passkey)
+    consolidate_steps: int = 0      # retrieval tasks: once the criterion is met, this many further steps with the
+                                    # rate decayed (cosine) from its value there to lr * consolidate_lr_ratio,
+                                    # so a model is measured converged, not at its transition. 0: stop at the criterion
+    consolidate_lr_ratio: float = 0.1  # where consolidation's decay ends, as a fraction of the peak lr
     eval_every: int = 100           # validation loss every this many steps (and at the end)
     checkpoint_every: int = 100     # resumable checkpoint every this many steps (and on Ctrl-C / SIGTERM)
     eval_batches: int = 4           # validation batches (fixed, the same for every variant)
@@ -136,6 +140,12 @@ class TrainConfig:
         if not 0 <= self.criterion_accuracy <= 1 or self.criterion_checks < 1 or self.criterion_trials < 5:
             raise UsageError(f"criterion_accuracy must be in [0, 1] (got {self.criterion_accuracy}), criterion_checks "
                              f">= 1 (got {self.criterion_checks}), criterion_trials >= 5 (got {self.criterion_trials})")
+        if self.consolidate_steps < 0 or not 0 <= self.consolidate_lr_ratio <= 1:
+            raise UsageError(f"consolidate_steps must be >= 0 (got {self.consolidate_steps}) and consolidate_lr_ratio "
+                             f"in [0, 1] (got {self.consolidate_lr_ratio})")
+        if self.consolidate_steps and not self.criterion_accuracy > 0:
+            raise UsageError("consolidate_steps continues training after the criterion is met, and this run has no "
+                             "criterion (criterion_accuracy = 0); set criterion_accuracy, or consolidate_steps = 0")
         if self.criterion_accuracy > 0 and self.task == "lm":
             raise UsageError("criterion_accuracy stops on retrieval accuracy, which a language-model run (task = "
                              "\"lm\") does not measure; set task = \"passkey\" or \"mqar\", or criterion_accuracy = 0")

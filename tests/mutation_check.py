@@ -22,6 +22,10 @@ notice ("survived") is a gap in the tests.
     python tests/mutation_check.py -k random    # randomized positions (VARIANT:random_positions=N)
     python tests/mutation_check.py -k HoPE      # HoPE (RoPE with its slow pairs unrotated)
     python tests/mutation_check.py -k drawn     # the drawn evaluation form (randomized positions at test time)
+    python tests/mutation_check.py -k decide    # pairwise decisions, Holm, equivalence, tiers; consolidation
+
+A mutation counts as killed only when pytest reports failing tests (exit 1); any other exit (a test id
+not found, a collection error) is an error of the check itself, and the check fails.
 
 Not collected by pytest (its name does not start with test_); it takes a few minutes.
 """
@@ -55,6 +59,7 @@ PLUGINS = ["tests/test_plugins.py", "tests/test_contract.py"]
 JOBS = ["tests/test_jobs.py"]
 SUMMARIES = ["tests/test_summaries.py"]
 MERGE = ["tests/test_merge.py"]
+DECIDE = ["tests/test_comparisons.py", "tests/test_decisions.py"]
 BAM = ["tests/test_bam.py", "tests/test_capabilities.py"]
 SSMAX = ["tests/test_ssmax.py"]
 STICK = ["tests/test_stickbreaking.py", "tests/test_capabilities.py"]
@@ -328,8 +333,7 @@ MUTATIONS = [
     ("reach: criterion step is the confirming check, not the first held one", "relbench/training/stopping.py",
      "return int(held[0][0]) if all", "return int(held[-1][0]) if all", REACH),
     ("reach: criterion stopping never stops training", "relbench/training/train.py",
-     "last = done == config.steps or bool(distributed.max_all(int(learned is not None), device))",
-     "last = done == config.steps", REACH),
+     "last = done == config.steps or newly is not None", "last = done == config.steps", REACH),
     ("reach: seeds that did not learn count towards reach", "relbench/evaluation/reach.py",
      "return [s for s in self.seeds if self.learned[s].learned]", "return list(self.seeds)", REACH),
     ("reach: a variant with no learned seed shown as reach none", "relbench/evaluation/reach.py",
@@ -416,6 +420,33 @@ MUTATIONS = [
     ("merge: a source's configured seeds recorded, not the ones it holds", "relbench/runs/merge.py",
      "    names, numbers = set(curves[\"variant\"].astype(str)), {int(s) for s in curves[\"seed\"]}",
      "    names, numbers = set(config.get(\"variants\", [])), set(config.get(\"seeds\", []))", MERGE),
+    ("decide: Holm is Bonferroni (every p-value against alpha / m)", "relbench/comparisons.py",
+     "stopped = stopped or p_values[key] > alpha / (m - i)", "stopped = stopped or p_values[key] > alpha / m", DECIDE),
+    ("decide: Holm goes on after its first failure", "relbench/comparisons.py",
+     "rejected[key] = not stopped", "rejected[key] = p_values[key] <= alpha / (m - i)", DECIDE),
+    ("decide: equivalence checks only the upper end of the interval", "relbench/comparisons.py",
+     "elif -margin <= test.low and test.high <= margin:", "elif test.high <= margin:", DECIDE),
+    ("decide: Student's t CDF mirrored", "relbench/comparisons.py",
+     "return 1 - tail if t > 0 else tail", "return tail if t > 0 else 1 - tail", DECIDE),
+    ("decide: the trials' noise does not bound the spread of the differences", "relbench/comparisons.py",
+     "std = max(summary.std, floor)", "std = summary.std", DECIDE),
+    ("decide: letters never split a group (different schemes share a letter)", "relbench/comparisons.py",
+     "split += [group - {i}, group - {j}]", "split += [group]", DECIDE),
+    ("decide: seeds to separate from a one-sided quantile", "relbench/comparisons.py",
+     "if effect * math.sqrt(n) >= t_quantile(1 - alpha / 2, n - 1):", "if effect * math.sqrt(n) >= t_quantile(1 - alpha, n - 1):",
+     DECIDE),
+    ("decide: seeds that did not learn are compared", "relbench/evaluation/decisions.py",
+     "found = {s: m for s in r.learned_seeds if (m := measured(r, s, length)) is not None}",
+     "found = {s: m for s in r.seeds if (m := measured(r, s, length)) is not None}", DECIDE),
+    ("decide: the summary number averages the training length in", "relbench/evaluation/decisions.py",
+     "                   if n > train_length})", "                   if n >= train_length})", DECIDE),
+    ("decide: consolidation stops at the criterion", "relbench/training/train.py",
+     'last = done == state["consolidate_from"] + config.consolidate_steps', "last = True", REACH),
+    ("decide: consolidation's decay starts from the peak, not the rate at the criterion", "relbench/training/step.py",
+     "floor = min(start, config.lr * config.consolidate_lr_ratio)", "floor = config.lr * config.consolidate_lr_ratio",
+     REACH),
+    ("decide: a curve's learned step is its last window's (a consolidated run's dip reads not learned)",
+     "relbench/evaluation/summaries.py", "for k in range(1, len(checks) + 1)", "for k in [len(checks)]", REACH),
     ("positions: a perplexity row's bins keyed with the row's n_tokens (a forced evaluation adds a second set)",
      "relbench/evaluation/evaluators.py", 'POSITIONS_KEY = [k for k in PERPLEXITY.key if k != "n_tokens"]',
      "POSITIONS_KEY = list(PERPLEXITY.key)", MERGE),
@@ -430,13 +461,14 @@ def mutate(copy: Path, file: str, old: str, new: str) -> None:
     path.write_text(text.replace(old, new))
 
 
-def run_tests(copy: Path, tests: list[str]) -> tuple[bool, str]:
-    """Whether the tests pass on the copy, and the last line pytest printed."""
+def run_tests(copy: Path, tests: list[str]) -> tuple[int, str]:
+    """pytest's exit code on the copy (0 passed, 1 tests failed, other: the run itself failed) and the
+    last line it printed."""
     env = {**os.environ, "PYTHONPATH": str(copy)}
     done = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
                           cwd=copy, env=env, capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.strip()]
-    return done.returncode == 0, lines[-1] if lines else done.stderr.strip()[-200:]
+    return done.returncode, lines[-1] if lines else done.stderr.strip()[-200:]
 
 
 def main() -> int:
@@ -459,13 +491,13 @@ def main() -> int:
             shutil.copy(ROOT / "pyproject.toml", copy / "pyproject.toml")
             mutate(copy, file, old, new)
             start = time.perf_counter()
-            passed, last = run_tests(copy, tests[0] if tests else args.tests)
-            verdict = "SURVIVED" if passed else "killed"
+            code, last = run_tests(copy, tests[0] if tests else args.tests)
+            verdict = {0: "SURVIVED", 1: "killed"}.get(code, f"ERROR {code}")   # 4: a test id not found
             print(f"{verdict:<8} {time.perf_counter() - start:5.0f}s  {name}   ({last})", flush=True)
-            if passed:
+            if code != 1:
                 survived.append(name)
     print(f"{len(chosen) - len(survived)} of {len(chosen)} mutations killed" +
-          (f"; survived: {', '.join(survived)}" if survived else ""))
+          (f"; survived or errored: {', '.join(survived)}" if survived else ""))
     return 1 if survived else 0
 
 

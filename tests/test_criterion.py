@@ -107,3 +107,69 @@ def test_decay_steps_hold_the_peak_then_decay_over_the_last_steps_only():
     assert [lr_at(step, cosine) for step in range(10)] == pytest.approx(expected)
     with pytest.raises(UsageError, match="decay_steps"):
         TrainConfig(steps=10, warmup_steps=2, decay_steps=9)
+
+
+def test_consolidation_trains_its_steps_past_the_confirming_check_and_past_the_cap(monkeypatch):
+    """consolidate_steps: the run goes on after the criterion is met (here at the cap's last check),
+    learned_step stays where it was met though a later check falls below, and the model at the
+    confirming step is the criterion run's, weight for weight."""
+    seen = {}
+
+    def keep(model, step):
+        seen["step"] = step
+        seen["weights"] = {k: v.clone() for k, v in model.state_dict().items()}
+
+    config = TrainConfig(task="passkey", steps=8, batch_size=2, eval_every=2, eval_batches=1, warmup_steps=1,
+                         criterion_accuracy=0.95, criterion_checks=2, criterion_trials=10, min_lr_ratio=1.0,
+                         consolidate_steps=4)
+    scripted(monkeypatch, [0.1, 0.2, 0.96, 0.97, 0.5, 0.99])
+    _, rows, summary = train_module.train_variant("alibi", MODEL, config, load_splits(), torch.device("cpu"),
+                                                  on_learned=keep)
+    rows = pd.DataFrame(rows)
+    assert summary["learned"] is True and summary["learned_step"] == 6 and seen["step"] == 8
+    assert summary["steps"] == 12 and summary["consolidated_steps"] == 4 and rows["step"].max() == 12
+    assert summary["val_accuracy"] == 0.99
+    assert rows.dropna(subset=["val_accuracy"])["step"].tolist() == [2, 4, 6, 8, 10, 12]
+    stopped, _, plain, _ = run(monkeypatch, [0.1, 0.2, 0.96, 0.97], steps=8)
+    assert plain["steps"] == 8 and plain["consolidated_steps"] == 0
+    for name, weight in stopped.state_dict().items():
+        torch.testing.assert_close(seen["weights"][name], weight, rtol=0, atol=0, msg=name)
+
+
+def test_consolidation_decays_the_rate_from_where_the_criterion_was_met():
+    import math
+
+    from relbench.training.step import lr_at
+
+    config = TrainConfig(task="passkey", criterion_accuracy=0.9, steps=100, warmup_steps=2, lr=2.0,
+                         min_lr_ratio=1.0, consolidate_steps=5, consolidate_lr_ratio=0.1)
+    # met at step 40 (constant rate 2.0 there): 5 steps from 2.0 to 0.2, cosine over progress 0, 1/4, .., 1
+    expected = [0.2 + 0.9 * (1 + math.cos(math.pi * k / 4)) for k in range(5)]
+    assert [lr_at(40 + k, config, consolidate_from=40) for k in range(5)] == pytest.approx(expected)
+    assert lr_at(39, config, consolidate_from=40) == 2.0 and lr_at(3, config) == 2.0
+    warming = dataclasses.replace(config, warmup_steps=10)      # met in the warm-up: decays from the rate there
+    assert lr_at(4, warming, consolidate_from=4) == pytest.approx(0.8)
+    assert lr_at(8, warming, consolidate_from=4) == pytest.approx(0.2)
+    low = dataclasses.replace(config, consolidate_lr_ratio=0.5, warmup_steps=10)   # floor above the rate: it holds
+    assert lr_at(6, low, consolidate_from=2) == pytest.approx(0.4)
+    with pytest.raises(UsageError, match="no criterion"):
+        TrainConfig(task="passkey", consolidate_steps=10)
+    with pytest.raises(UsageError, match="consolidate_lr_ratio"):
+        TrainConfig(task="passkey", criterion_accuracy=0.9, consolidate_steps=10, consolidate_lr_ratio=1.5)
+
+
+def test_a_consolidated_runs_summary_from_its_curve_keeps_when_it_learned(monkeypatch):
+    """A committed result keeps train.csv, not checkpoints: the summary rebuilt from the curve finds the
+    first time the criterion held, though the last checks of consolidation fell below it."""
+    from relbench.config import to_dict
+    from relbench.evaluation.summaries import summary_from_rows
+
+    config = TrainConfig(task="passkey", steps=8, batch_size=2, eval_every=2, eval_batches=1, warmup_steps=1,
+                         criterion_accuracy=0.95, criterion_checks=2, criterion_trials=10, min_lr_ratio=1.0,
+                         consolidate_steps=4)
+    scripted(monkeypatch, [0.96, 0.97, 0.5, 0.6])
+    _, rows, summary = train_module.train_variant("alibi", MODEL, config, load_splits(), torch.device("cpu"))
+    assert summary["learned_step"] == 2 and summary["steps"] == 8 and summary["consolidated_steps"] == 4
+    run = {"model": to_dict(MODEL), "train": to_dict(config)}
+    rebuilt = summary_from_rows("alibi", 0, pd.DataFrame(rows), run)
+    assert rebuilt["learned"] is True and rebuilt["learned_step"] == 2 and rebuilt["consolidated_steps"] == 4

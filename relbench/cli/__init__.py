@@ -48,6 +48,7 @@ from relbench.cli.common import (
 )
 from relbench.cli.group import say_interrupted, spread_variadic  # noqa: F401  (spread_variadic: part of the module's API)
 from relbench.cli.pipeline import dry_run_experiment, extrapolate_runs, report_run, train_runs
+from relbench.comparisons import MARGIN
 from relbench.config import experiment, read_file
 from relbench.errors import UsageError
 from relbench.reporting import report
@@ -245,16 +246,23 @@ def finetune_command(
 
 @app.command("report")
 def report_command(run_dir: RunDir = results.DEFAULT_RUN_DIR, plugin: PluginFiles = None,
-                   accept_plugin_change: AcceptPluginChange = False) -> None:
-    """Tables of a run: perplexity by length, cost, training; writes report.md and a pivoted CSV.
+                   accept_plugin_change: AcceptPluginChange = False,
+                   margin: Annotated[float, typer.Option(help="Equivalence margin of the retrieval comparisons: two "
+                                                              "schemes are equivalent when the 95% interval of their "
+                                                              "paired difference lies within +-margin (accuracy, 0.1 = "
+                                                              "10 points).")] = MARGIN) -> None:
+    """Tables of a run: retrieval tiers first, perplexity by length, cost, training; writes report.md,
+    a pivoted CSV and each retrieval task's pairwise comparisons (<task>_comparisons.csv).
 
-    Example: relbench report --run-dir runs/default
+    Example: relbench report --run-dir runs/default --margin 0.05
     """
+    if not 0 < margin < 1:
+        raise UsageError(f"--margin must be between 0 and 1 (a share of accuracy: 0.1 is 10 points), got {margin}")
     use_plugins(plugin, accept_plugin_change)
     if not Path(run_dir).is_dir():
         results.require_run(run_dir)  # says the directory does not exist
     with results.RunLock(run_dir):
-        report_run(run_dir)
+        report_run(run_dir, margin)
 
 
 @app.command("merge")

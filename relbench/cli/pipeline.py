@@ -16,6 +16,7 @@ from relbench.cli.common import (
     resolve_jobs,
     unique,
 )
+from relbench.comparisons import MARGIN
 from relbench.config import EvalConfig, Experiment, ModelConfig, resolve_precision
 from relbench.cost import memory
 from relbench.errors import RelbenchError, UsageError, unknown
@@ -141,12 +142,12 @@ def finished_pairs(run_dir: Path, pairs: list[tuple[str, int]], named: bool) -> 
     return trained
 
 
-def report_run(run_dir: Path) -> None:
-    distributed.on_main(render_report, run_dir)   # rank 0 writes; under torchrun the others wait for it
+def report_run(run_dir: Path, margin: float = MARGIN) -> None:
+    distributed.on_main(render_report, run_dir, margin)   # rank 0 writes; under torchrun the others wait for it
 
 
-def render_report(run_dir: Path) -> None:
-    written = report.render(run_dir, console)
+def render_report(run_dir: Path, margin: float = MARGIN) -> None:
+    written = report.render(run_dir, console, margin=margin)
     console.print("wrote " + ", ".join(str(path) for path in written.values()))
 
 

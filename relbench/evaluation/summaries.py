@@ -60,7 +60,10 @@ def summary_from_rows(spec: str, seed: int, rows: pd.DataFrame, config: dict[str
         if "val_accuracy" in rows.columns else []
     val = rows["val_loss"].dropna()
     criterion = train.criterion_accuracy > 0
-    learned = learned_at(checks, train.criterion_accuracy, train.criterion_checks) if criterion else None
+    # the first time the criterion held (a consolidated run trains on after it, and its later checks may dip)
+    learned = next((found for k in range(1, len(checks) + 1)
+                    if (found := learned_at(checks[:k], train.criterion_accuracy, train.criterion_checks)) is not None),
+                   None) if criterion else None
     steps = int(last["step"])
     scale, source = position_lr(spec, train)
     seconds = float(last["elapsed_s"])
@@ -69,7 +72,16 @@ def summary_from_rows(spec: str, seed: int, rows: pd.DataFrame, config: dict[str
             "val_accuracy": checks[-1][1] if checks else float("nan"),
             "criterion": train.criterion_accuracy if criterion else None,
             "learned": (learned is not None) if criterion else None, "learned_step": learned,
+            "consolidated_steps": steps - confirmed if (confirmed := confirming_step(checks, learned, train)) else 0,
             "position_lr_scale": scale, "position_lr_source": source, "precision": train.precision,
             "train_seconds": seconds, "tokens_per_s": float(last["tokens"]) / seconds if seconds > 0 else float("nan"),
             "n_params": parameter_count(model), "position_params": parameter_count(model, positions_only=True),
             "source": "train.csv"}
+
+
+def confirming_step(checks: list[tuple[int, float]], learned: int | None, train) -> int | None:
+    """The check that confirmed a criterion first met at step `learned`: the last of its consecutive checks."""
+    if learned is None:
+        return None
+    steps = [step for step, _ in checks]
+    return steps[steps.index(learned) + train.criterion_checks - 1]

@@ -18,8 +18,10 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
+from relbench.comparisons import MARGIN
 from relbench.config import run_data
 from relbench.errors import RelbenchError
+from relbench.evaluation import decisions
 from relbench.evaluation import reach as reach_module
 from relbench.evaluation.summaries import recorded_summary
 from relbench.runs import results
@@ -270,12 +272,26 @@ TASK_TABLES = (("copy.csv", "Copy distance: loss with an earlier copy of the tex
                                "90% or more"),
                ("mqar.csv", "MQAR accuracy (all queries pooled; mean over the seeds that learned, per seed in "
                             "brackets; one learned seed: its Wilson 95% interval), and reach: the longest length at 90% or more"))
+def tier_title(decided: decisions.Decisions) -> str:
+    return (f"{decided.task}: tiers on the {decisions.summary_label(decided)} over the seeds that learned (schemes "
+            f"that share a letter are not shown different: paired t-tests by seed, Holm-corrected at "
+            f"{decided.alpha:.0%}); the mean with its 95% interval over seeds")
+
+
+def decided_title(decided: decisions.Decisions) -> str:
+    return (f"{decided.task}: what the seeds decide, per length (different: Holm-corrected paired t-test at "
+            f"{decided.alpha:.0%}; equivalent: the 95% interval of the difference within +-{decided.margin:.0%}; "
+            f"untested: fewer than two seeds learned in common)")
+
+
 HEADLINE_TITLE = ("Headline: does a model that uses its context at the training length still use it longer, "
                   "and at what cost")
 
 
-def render(run_dir: Path, console: Console, plots: bool = True) -> dict[str, Path]:
-    """Print the tables; write report.md, the pivoted CSV and the plots (PNG)."""
+def render(run_dir: Path, console: Console, plots: bool = True, margin: float = MARGIN) -> dict[str, Path]:
+    """Print the tables; write report.md, the pivoted CSV, each retrieval task's pairwise comparisons
+    (`<task>_comparisons.csv`, equivalence within +-`margin`) and the plots (PNG). A retrieval task's
+    tiers come first."""
     from relbench.cost.profiling import PROFILE_CSV
     from relbench.reporting import overview
 
@@ -314,13 +330,26 @@ def render(run_dir: Path, console: Console, plots: bool = True) -> dict[str, Pat
             if tuned is not None:
                 sections.append((f"Fine-tuning to the target length: perplexity zero-shot -> after fine-tuning, "
                                  f"{protocol}", *tuned))
+    tiered = []
     for name, title in tasks:
         if name == "copy.csv":
             sections.append((title, *overview.copy_table(results.read_csv(run_dir / name))))
         else:
             found = reach_module.run_reach(run_dir, name)
             if found:
-                sections.append((title, *reach_module.reach_table(found, name.split(".")[0])))
+                task = name.split(".")[0]
+                sections.append((title, *reach_module.reach_table(found, task)))
+                decided = decisions.decide(found, task, int(config["model"]["train_length"]), margin)
+                if decided.summary is not None:
+                    tiered.append((tier_title(decided), *decisions.tier_table(decided, found)))
+                    sections.append((decided_title(decided), *decisions.decided_table(decided)))
+                    pairs = decisions.open_pairs_table(decided)
+                    if pairs is not None:
+                        sections.append((f"{task}: pairs not separated on the {decisions.summary_label(decided)}, "
+                                         "largest difference first", *pairs))
+                    written[f"{task}_comparisons"] = run_dir / f"{task}_comparisons.csv"
+                    results.write_csv(written[f"{task}_comparisons"], decisions.comparison_rows(decided))
+    sections[:0] = tiered
     if has_rows:
         sections.append(("Cost per layer, batch 1: building the position terms / attention (ms)", *cost_table(rows, config)))
     if config:

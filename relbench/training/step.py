@@ -18,10 +18,19 @@ from relbench.runs import distributed
 from relbench.training.stopping import Diverged
 
 
-def lr_at(step: int, config: TrainConfig) -> float:
+def lr_at(step: int, config: TrainConfig, consolidate_from: int | None = None) -> float:
     """Linear warm-up to the peak, then cosine decay to peak * min_lr_ratio at the last step; with
     `decay_steps` the rate holds at the peak until the last decay_steps steps and decays over them
-    (warm-up, stable, decay), so a run that stops before them never sees the decay."""
+    (warm-up, stable, decay), so a run that stops before them never sees the decay.
+
+    `consolidate_from`: the step at which a run trained to criterion met it; from there the rate
+    decays (cosine) over `consolidate_steps` steps from the rate it had to peak * consolidate_lr_ratio
+    (or holds, if it was already lower)."""
+    if consolidate_from is not None and step >= consolidate_from:
+        start = lr_at(consolidate_from - 1, config) if consolidate_from > 0 else config.lr
+        floor = min(start, config.lr * config.consolidate_lr_ratio)
+        progress = min(1.0, (step - consolidate_from) / max(1, config.consolidate_steps - 1))
+        return floor + 0.5 * (start - floor) * (1 + math.cos(math.pi * progress))
     if step < config.warmup_steps:
         return config.lr * (step + 1) / config.warmup_steps
     start = config.steps - config.decay_steps if config.decay_steps else config.warmup_steps

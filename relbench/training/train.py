@@ -55,7 +55,8 @@ def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, spl
                   stop: StopRequest | None = None,
                   on_pace: Callable[[float], None] | None = None,
                   on_row: Callable[[dict[str, Any]], None] | None = None,
-                  start: Continuation | None = None) -> tuple[GPT, list[dict[str, Any]], dict[str, Any]]:
+                  start: Continuation | None = None,
+                  on_learned: Callable[[GPT, int], None] | None = None) -> tuple[GPT, list[dict[str, Any]], dict[str, Any]]:
     """Train variant `spec`; returns the model, the loss-curve rows and a summary.
 
     With a checkpoint `folder`, a resumable state is saved there every `checkpoint_every` steps and
@@ -70,7 +71,11 @@ def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, spl
     loss and the decision to stop are the same on every rank; rank 0 saves.
 
     With `start` (a Continuation) the model starts from its weights, with a fresh optimiser, and
-    trains and validates at its length; steps, rows and the schedule count from 0 as in training."""
+    trains and validates at its length; steps, rows and the schedule count from 0 as in training.
+
+    Trained to criterion, a run stops at the check that confirms it, or with `consolidate_steps`
+    trains that many steps more with its rate decayed (step.lr_at), the cap notwithstanding;
+    `on_learned(model, step)` is called once, at the confirming step, before any consolidation."""
     model_config = dataclasses.replace(model_config, position=spec, attention=config.attention)
     scale, scale_source = position_lr(spec, config)
     config = dataclasses.replace(config, position_lr_scale=scale)
@@ -107,8 +112,10 @@ def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, spl
     grad_norm = torch.tensor(float("nan"))
     retrieval = config.task != "lm"
     state.setdefault("checks", [])           # (step, validation accuracy at the training length) of a retrieval task
-    for step in range(state["step"], config.steps):
-        lr = lr_at(step, config)
+    state.setdefault("learned", None)        # the step the criterion was met at, kept once it was
+    state.setdefault("consolidate_from", None)   # the step that confirmed it, where consolidation starts
+    for step in range(state["step"], config.steps + config.consolidate_steps):
+        lr = lr_at(step, config, state["consolidate_from"])
         for group in optimizer.param_groups:
             group["lr"] = lr * group["lr_scale"]
         x, y, weights = training_batch(train_tokens, data_offset + step, config, length, splits.tokenizer)
@@ -127,9 +134,18 @@ def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, spl
                 accuracy = retrieval_accuracy(model, config.task, splits.validation, length, splits.tokenizer, device,
                                               config.criterion_trials, config.mqar_pairs)
                 state["checks"].append((done, accuracy))
-        learned = learned_at(state["checks"], config.criterion_accuracy, config.criterion_checks)
-        # every rank measured the same model on the same trials; the decision is made the same everywhere
-        last = done == config.steps or bool(distributed.max_all(int(learned is not None), device))
+        newly = None
+        if state["learned"] is None:
+            learned = learned_at(state["checks"], config.criterion_accuracy, config.criterion_checks)
+            # every rank measured the same model on the same trials; the decision is made the same everywhere
+            if distributed.max_all(int(learned is not None), device):
+                state["learned"], state["consolidate_from"], newly = learned, done, done
+        if newly is not None and on_learned is not None:
+            on_learned(model, done)
+        if state["consolidate_from"] is None:
+            last = done == config.steps or newly is not None
+        else:
+            last = done == state["consolidate_from"] + config.consolidate_steps
         if last:  # what reaches the position parameters at the end, after clipping (step() keeps .grad)
             position_grads = {name: p.grad.norm().item()
                               for name, p in model.positions.named_parameters() if p.grad is not None}
@@ -171,12 +187,13 @@ def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, spl
             break
     seconds = state["elapsed"] + time.perf_counter() - started
     criterion = config.criterion_accuracy > 0
-    learned = learned_at(state["checks"], config.criterion_accuracy, config.criterion_checks)
+    learned = state["learned"]
     summary = {"variant": spec, "seed": config.seed, "steps": state["step"], "step_cap": config.steps,
                "val_loss": state["val"],
                "val_accuracy": state["checks"][-1][1] if state["checks"] else float("nan"),
                "criterion": config.criterion_accuracy if criterion else None,
                "learned": (learned is not None) if criterion else None, "learned_step": learned,
+               "consolidated_steps": state["step"] - state["consolidate_from"] if state["consolidate_from"] else 0,
                "position_lr_scale": scale, "position_lr_source": scale_source, "precision": config.precision,
                "grad_norm": float(grad_norm), "position_grad_norms": position_grads,
                "max_attention_logit": state["max_logit"], "train_seconds": seconds,
