@@ -60,6 +60,7 @@ JOBS = ["tests/test_jobs.py"]
 SUMMARIES = ["tests/test_summaries.py"]
 MERGE = ["tests/test_merge.py"]
 DECIDE = ["tests/test_comparisons.py", "tests/test_decisions.py"]
+PANELS = ["tests/test_panels.py"]
 BAM = ["tests/test_bam.py", "tests/test_capabilities.py"]
 SSMAX = ["tests/test_ssmax.py"]
 STICK = ["tests/test_stickbreaking.py", "tests/test_capabilities.py"]
@@ -447,6 +448,13 @@ MUTATIONS = [
      REACH),
     ("decide: a curve's learned step is its last window's (a consolidated run's dip reads not learned)",
      "relbench/evaluation/summaries.py", "for k in range(1, len(checks) + 1)", "for k in [len(checks)]", REACH),
+    ("decide: a panel's evaluation protocol (trials, lengths) is not compared", "relbench/runs/panels.py",
+     'for section, keys in (("eval", EVAL_KEYS), ("data", DATA_KEYS)):', 'for section, keys in (("data", DATA_KEYS),):',
+     PANELS),
+    ("decide: a run against a panel trains its own seeds, not the panel's", "relbench/cli/bench.py",
+     'seeds = list(panel["seeds"])', "seeds = [0]", PANELS),
+    ("decide: a run against a panel loses what it was made from", "relbench/runs/results.py",
+     'for kept in ("finetune", "merged_from", "against"):', 'for kept in ("finetune", "merged_from"):', PANELS),
     ("positions: a perplexity row's bins keyed with the row's n_tokens (a forced evaluation adds a second set)",
      "relbench/evaluation/evaluators.py", 'POSITIONS_KEY = [k for k in PERPLEXITY.key if k != "n_tokens"]',
      "POSITIONS_KEY = list(PERPLEXITY.key)", MERGE),

@@ -15,7 +15,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "relbench"
 
 # bottom to top: a module may import from its own layer and those below it
 LAYERS: list[tuple[str, ...]] = [
-    ("relbench", "relbench.errors", "relbench.stats", "relbench.comparisons", "relbench.tasks", "relbench.presets"),   # leaves
+    ("relbench", "relbench.errors", "relbench.stats", "relbench.comparisons", "relbench.tasks", "relbench.presets",
+     "relbench.panels"),   # leaves
     ("relbench.config",),
     ("relbench.positions",),
     ("relbench.attention",),

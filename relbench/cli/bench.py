@@ -64,6 +64,12 @@ def bench_command(
     max_train_tokens: MaxTrainTokens = None,
     plugin: PluginFiles = None,
     jobs: TrainJobs = "auto",
+    against: Annotated[str | None, typer.Option("--against", help="A shipped panel (`retrieval`) or a retrieval run "
+                                                "directory: train only --variants, under the panel's protocol and "
+                                                "seeds, into --run-dir (default runs/against-NAME), and place them "
+                                                "among its schemes (tiers, pairwise decisions). A preset, file or "
+                                                "option that changes the protocol is refused.",
+                                                show_default=False)] = None,
 ) -> None:
     """Train, extrapolate and report in one go (default: both tracks on the embedded corpus).
 
@@ -75,8 +81,17 @@ def bench_command(
     measured times per CPU)
              relbench bench --track lm --config examples/three-schemes.toml
              relbench bench --track retrieval --variants alibi rope xl t5
+             relbench bench --plugin mybias.py --variants mybias --against retrieval
     """
     use_plugins(plugin)
+    if against is not None:
+        given = {"--track": track != "all", "--retrieval-config": retrieval_config is not None, "--lengths": bool(lengths)}
+        for option, set_ in given.items():
+            if set_:
+                raise UsageError(f"--against {against} measures under the panel's protocol; {option} would change it")
+        bench_against(against, variants, preset, config, run_dir, overrides_of(position_lr_scale, tokenizer,
+                      max_train_tokens), device, log, jobs)
+        return
     from relbench.reporting.overview import RETRIEVAL_TRACK
 
     if track not in TRACKS:
@@ -113,6 +128,57 @@ def bench_command(
     for folder, *_ in reversed(runs):   # the retrieval track first: the language-model report reads it
         with results.RunLock(folder):
             report_run(folder)
+
+
+def overrides_of(position_lr_scale, tokenizer, max_train_tokens) -> dict:
+    return {"train": position_lr_overrides(position_lr_scale),
+            "data": {"tokenizer": tokenizer, "max_train_tokens": max_train_tokens}}
+
+
+def bench_against(name: str, variants: list[str] | None, preset: str | None, config: Path | None, run_dir: Path,
+                  overrides: dict, device: str, log: str, jobs: str) -> None:
+    """`bench --against`: the user's variants trained and evaluated under a panel's protocol and seeds, in a
+    run directory that starts as a copy of the panel, then the report with every scheme and one line per
+    variant on where it stands."""
+    from relbench.data import load_data
+    from relbench.evaluation import decisions, reach
+    from relbench.runs import panels
+
+    label, folder = panels.locate(name)
+    panel = results.read_json(folder / results.CONFIG)
+    if not variants:
+        raise UsageError(f"--against {name} needs --variants: the schemes of your own to place among the panel's "
+                         f"({', '.join(panel.get('variants', []))})")
+    exp, specs, _ = command_experiment(preset or panel.get("preset"), config, variants, train=overrides["train"],
+                                       data=overrides["data"])
+    if preset is None and config is None:
+        exp = panels.experiment_of(panel, exp)
+        exp.data = dataclasses.replace(exp.data, **{k: v for k, v in overrides["data"].items() if v is not None})
+        exp.train = dataclasses.replace(exp.train, **{k: v for k, v in overrides["train"].items() if v is not None})
+    seeds = list(panel["seeds"])
+    clash = [s for s in trained_variants(specs) if s in panel.get("variants", [])]
+    if clash:
+        raise UsageError(f"--against {name}: {clash[0]} is one of the panel's schemes already; name a variant of "
+                         f"your own (or an option of a scheme, e.g. \"{clash[0]}:ssmax=true\")")
+    splits = load_data(exp.data)
+    exp.model.vocab_size = splits.tokenizer.vocab_size
+    differs = panels.protocol_differences(panel, results.run_config(exp, specs, seeds, splits))
+    if differs:
+        more = f" (and {len(differs) - 1} more)" if len(differs) > 1 else ""
+        raise UsageError(f"--against {name}: the protocol differs from the panel's: {differs[0]}{more}; "
+                         f"drop the option, preset or file that changes it")
+    if Path(run_dir) == results.DEFAULT_RUN_DIR:
+        run_dir = Path("runs") / f"against-{Path(label).name}"
+    with results.RunLock(run_dir):
+        panels.start_run(label, folder, run_dir)
+        train_runs(run_dir, exp, trained_variants(specs), seeds, device, False, log, jobs)
+        extrapolate_runs(run_dir, None, specs, "auto", None, device, seeds)
+        report_run(run_dir)
+    task = panels.task_of(panel)
+    found = reach.run_reach(run_dir, panels.TASK_TABLES[task])
+    decided = decisions.decide(found, task, int(panel["model"]["train_length"]))
+    for spec in specs:
+        console.print(decisions.placement(decided, spec), markup=False)
 
 
 def announce(runs: list, device: str, jobs: str = "1") -> None:

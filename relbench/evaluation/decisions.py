@@ -211,3 +211,25 @@ def open_pairs_table(decisions: Decisions, limit: int = 12) -> tuple[list[str], 
     if len(pairs) > limit:
         body.append([f"... {len(pairs) - limit} more", "", "", "", ""])
     return header, body
+
+
+def placement(decisions: Decisions, variant: str) -> str:
+    """One line: where `variant` stands among the other schemes on the summary number: its tier and
+    mean, and which schemes it is different from, equivalent to and not separated from."""
+    top = decisions.summary
+    label = summary_label(decisions) if decisions.beyond else "the lengths beyond training"
+    if top is None or variant not in top.values or not top.values[variant]:
+        return f"{variant}: not learned in any seed, so it has no place on the {label}"
+    groups: dict[str, list[str]] = {}
+    for c in top.comparisons:
+        if variant in (c.a, c.b):
+            other = c.b if c.a == variant else c.a
+            sign = "" if c.test is None or c.decision != cmp.DIFFERENT else \
+                (" (above)" if (c.test.mean > 0) == (c.a == variant) else " (below)")
+            groups.setdefault(c.decision, []).append(other + sign)
+    parts = [f"{variant}: tier {top.tiers.get(variant, '- (too few seeds)')} on the {label}, "
+             f"{mean_cell(top.values[variant])} over {len(top.values[variant])} learned seed(s)"]
+    words = {cmp.DIFFERENT: "different from", cmp.EQUIVALENT: "equivalent to", cmp.NOT_SEPARATED: "not separated from",
+             cmp.UNTESTED: "untested against (under two seeds in common)"}
+    parts += [f"{words[d]} " + ", ".join(sorted(groups[d])) for d in words if groups.get(d)]
+    return "; ".join(parts)

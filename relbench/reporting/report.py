@@ -424,4 +424,10 @@ def describe_run(config: dict[str, Any]) -> list[str]:
           f"{', '.join(map(str, entry.get('seeds', [])))}, trained on "
           f"{results.describe_environment(entry.get('environment', {}))}."
           for entry in config.get("merged_from", [])],
+        *([f"Placed against the panel {config['against'].get('panel', '?')} (`relbench bench --against`): its "
+           f"{', '.join(config['against'].get('variants', []))}, seeds "
+           f"{', '.join(map(str, config['against'].get('seeds', [])))}, were trained on "
+           f"{results.describe_environment(config['against'].get('environment', {}))}; the other variants here on the "
+           f"machine above. A CPU's float order moves single runs, so a host is one more source of spread."]
+          if config.get("against") else []),
     ]

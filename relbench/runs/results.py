@@ -322,11 +322,11 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
     old_data = to_dict(run_data(old))   # a config.json from before [data]: its defaults
     return ([key for key in ("model", "train")
-             if _with_defaults(key, old.get(key), new[key]) != _with_defaults(key, new[key], old.get(key) or {})]
+             if with_defaults(key, old.get(key), new[key]) != with_defaults(key, new[key], old.get(key) or {})]
             + [key for key, value in new["data"].items() if old_data.get(key) != value])
 
 
-def _with_defaults(table: str, old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any] | None:
+def with_defaults(table: str, old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any] | None:
     """A recorded [model] or [train] table with the keys it lacks (written before they existed, such
     as train.decay_steps) at their defaults, which is how that run was trained: an old run stays
     compatible with a configuration that leaves the new keys at their defaults."""
@@ -373,8 +373,9 @@ def record_run(run_dir: Path, config: dict[str, Any], specs: list[str], seeds: l
         known = old.get("variants", [])
         config["variants"] = known + [s for s in specs if s not in known]
         config["seeds"] = sorted(set(old.get("seeds", [])) | set(seeds))
-        if old.get("finetune"):
-            config["finetune"] = old["finetune"]
+        for kept in ("finetune", "merged_from", "against"):   # what earlier commands recorded of the run
+            if old.get(kept):
+                config[kept] = old[kept]
     plugin_records = merged_plugins(read_json(path).get("plugins", []) if path.is_file() else [], config["variants"],
                                     run_dir)
     if plugin_records:
