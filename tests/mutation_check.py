@@ -23,6 +23,7 @@ notice ("survived") is a gap in the tests.
     python tests/mutation_check.py -k HoPE      # HoPE (RoPE with its slow pairs unrotated)
     python tests/mutation_check.py -k drawn     # the drawn evaluation form (randomized positions at test time)
     python tests/mutation_check.py -k decide    # pairwise decisions, Holm, equivalence, tiers; consolidation
+    python tests/mutation_check.py -k faults    # the machine's faults (full disk, unwritable, a file as the run)
 
 A mutation counts as killed only when pytest reports failing tests (exit 1); any other exit (a test id
 not found, a collection error) is an error of the check itself, and the check fails.
@@ -61,6 +62,7 @@ SUMMARIES = ["tests/test_summaries.py"]
 MERGE = ["tests/test_merge.py"]
 DECIDE = ["tests/test_comparisons.py", "tests/test_decisions.py"]
 PANELS = ["tests/test_panels.py"]
+FAULTS = ["tests/test_fault_table.py"]
 BAM = ["tests/test_bam.py", "tests/test_capabilities.py"]
 SSMAX = ["tests/test_ssmax.py"]
 STICK = ["tests/test_stickbreaking.py", "tests/test_capabilities.py"]
@@ -455,6 +457,10 @@ MUTATIONS = [
      'seeds = list(panel["seeds"])', "seeds = [0]", PANELS),
     ("decide: a run against a panel loses what it was made from", "relbench/runs/results.py",
      'for kept in ("finetune", "merged_from", "against"):', 'for kept in ("finetune", "merged_from"):', PANELS),
+    ("faults: an error of the disk or the file system ends in a traceback", "relbench/cli/group.py",
+     "        except OSError as error:", "        except ZeroDivisionError as error:", FAULTS),
+    ("faults: a file named as the run directory is taken for one", "relbench/runs/results.py",
+     "    if Path(run_dir).exists() and not Path(run_dir).is_dir():", "    if False:", FAULTS),
     ("positions: a perplexity row's bins keyed with the row's n_tokens (a forced evaluation adds a second set)",
      "relbench/evaluation/evaluators.py", 'POSITIONS_KEY = [k for k in PERPLEXITY.key if k != "n_tokens"]',
      "POSITIONS_KEY = list(PERPLEXITY.key)", MERGE),

@@ -84,6 +84,7 @@ def bench_command(
              relbench bench --plugin mybias.py --variants mybias --against retrieval
     """
     use_plugins(plugin)
+    results.check_folder(run_dir)
     if against is not None:
         given = {"--track": track != "all", "--retrieval-config": retrieval_config is not None, "--lengths": bool(lengths)}
         for option, set_ in given.items():

@@ -3,6 +3,7 @@ into one line on stderr with an exit code (2 usage, 1 runtime, 130/143 interrupt
 
 from __future__ import annotations
 
+import errno
 import re
 import sys
 
@@ -81,6 +82,24 @@ def say_interrupted() -> None:
     _say(INTERRUPTED, 130)
 
 
+KEPT = "what was written before is kept (every file is written whole, then renamed into place)"
+
+
+def environment_fault(error: OSError) -> str:
+    """One line for an error of the file system or the machine: its cause, the file, and a fix."""
+    where = f" ({error.filename})" if error.filename else ""
+    cause = error.strerror or str(error)
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        fix = f"free some space (or pass --run-dir on another disk) and run the same command again; {KEPT}"
+    elif error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        fix = f"make it writable (or pass --run-dir in a folder you can write) and run the same command again; {KEPT}"
+    elif error.errno in (errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+        fix = "a file stands where a folder should be, or the reverse: move it, or pass another --run-dir"
+    else:
+        fix = f"run the same command again once the cause is fixed; {KEPT}"
+    return f"error: {cause}{where}; {fix}"
+
+
 class Group(TyperGroup):
     """Errors become one line on stderr and an exit code: 2 for usage, 1 for runtime problems."""
 
@@ -101,6 +120,9 @@ class Group(TyperGroup):
         except typer.Abort:
             code = 130
             _say("interrupted", code)
+        except OSError as error:       # the machine's fault, not relbench's: one line, what to do, nothing lost
+            code = 1
+            _say(environment_fault(error), code)
         except Exception as error:
             if not is_click_error(error):
                 raise

@@ -227,6 +227,8 @@ def describe_environment(env: dict[str, Any]) -> str:
 def require_run(run_dir: Path) -> dict[str, Any]:
     """The run's config.json; a clear error when `run_dir` is missing or not a relbench run."""
     run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UsageError(f"--run-dir {run_dir} is a file, not a run directory; pass the folder `relbench train` wrote")
     if not run_dir.is_dir():
         raise RelbenchError(f"run directory {run_dir} does not exist; run `relbench train` first "
                             f"or pass --run-dir to an existing run")
@@ -241,6 +243,12 @@ def require_run(run_dir: Path) -> dict[str, Any]:
             config["plugins"] = now
             write_json(run_dir / CONFIG, config)
     return config
+
+
+def check_folder(run_dir: Path) -> None:
+    """A --run-dir that names a file is refused before any work (a missing one is made when written)."""
+    if Path(run_dir).exists() and not Path(run_dir).is_dir():
+        raise UsageError(f"--run-dir {run_dir} is a file, not a folder; pass a folder (a new one is made)")
 
 
 class RunLock:
@@ -262,6 +270,7 @@ class RunLock:
         return self
 
     def _acquire(self) -> None:
+        check_folder(self.path.parent)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         lock = filelock.FileLock(self.path, thread_local=False)
         try:
