@@ -27,6 +27,11 @@ from relbench.errors import UsageError, did_you_mean, unknown
 INIT_STD = 0.02  # std of the token embeddings and weight matrices at initialisation (GPT-2)
 
 
+RANGES = {"warmup_steps": "0 or more", "weight_decay": "0 or more", "grad_clip": "above 0", "min_lr_ratio": "0 to 1",
+          "answer_weight": "0 or more", "mqar_pairs": "1 or more", "criterion_checks": "1 or more",
+          "mlp_ratio": "above 0"}
+
+
 @dataclass
 class ModelConfig:
     vocab_size: int = 256           # bytes
@@ -45,6 +50,8 @@ class ModelConfig:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "train_length"):
             if getattr(self, name) < 1:
                 raise UsageError(f"{name} must be positive, got {getattr(self, name)}")
+        if not self.mlp_ratio > 0:
+            raise UsageError(f"mlp_ratio is out of range: {self.mlp_ratio} ({RANGES['mlp_ratio']})")
 
     @property
     def head_dim(self) -> int:
@@ -122,6 +129,13 @@ class TrainConfig:
                 raise UsageError(f"{name} must be positive, got {getattr(self, name)}")
         if not self.lr > 0:
             raise UsageError(f"lr must be positive, got {self.lr}")
+        ranges = {"warmup_steps": self.warmup_steps >= 0, "weight_decay": self.weight_decay >= 0,
+                  "grad_clip": self.grad_clip > 0, "min_lr_ratio": 0 <= self.min_lr_ratio <= 1,
+                  "answer_weight": self.answer_weight >= 0, "mqar_pairs": self.mqar_pairs >= 1,
+                  "criterion_checks": self.criterion_checks >= 1}
+        for name, ok in ranges.items():
+            if not ok:
+                raise UsageError(f"{name} is out of range: {getattr(self, name)} ({RANGES[name]})")
         if self.decay_steps < 0 or self.decay_steps > max(0, self.steps - self.warmup_steps):
             raise UsageError(f"decay_steps must be 0 (decay after warm-up) or at most steps - warmup_steps "
                              f"({self.steps - self.warmup_steps}), got {self.decay_steps}")
@@ -278,6 +292,11 @@ def _checked(table: dict[str, Any], where: str) -> dict[str, Any]:
     for key, kind in (("variants", str), ("seeds", int), ("plugins", str)):
         if key in table and not (isinstance(table[key], list) and all(isinstance(v, kind) for v in table[key])):
             raise UsageError(f"{key} in {where} must be a list of {kind.__name__}s, got {table[key]!r}")
+    for key in ("variants", "seeds"):
+        if key in table and not table[key]:
+            raise UsageError(f"{key} in {where} is an empty list; name at least one, or leave the key out for the default")
+    if any(isinstance(s, int) and s < 0 for s in table.get("seeds", [])):
+        raise UsageError(f"seeds in {where} must be 0 or more, got {table['seeds']!r}")
     return table
 
 
@@ -317,7 +336,7 @@ def experiment(preset: str | None = None, config: str | Path | None = None,
         given = {k: v for k, v in ((overrides or {}).get(section) or {}).items() if v is not None}
         try:
             sections[section] = cls(**{**tables.get(section, {}), **given})
-        except TypeError as error:  # a value of the wrong type reaches a dataclass check
+        except (TypeError, UsageError) as error:  # a value of the wrong type or range, named with its file
             raise UsageError(f"[{section}] of {config or f'preset {name}'}: {error}") from None
     return Experiment(name, sections["data"], sections["model"], sections["train"], sections["eval"],
                       tables.get("variants"), tables.get("seeds"), tables.get("description", ""),

@@ -72,3 +72,18 @@ def ends_in_one_line(result, code, *fragments):
     assert errors == lines[-1:] and "Traceback" not in result.output, result.output
     for fragment in fragments:
         assert fragment in lines[-1]
+
+
+@pytest.mark.parametrize("text,words", [
+    ("[train]\nwarmup_steps = -5\n", ["[train] of", "warmup_steps is out of range: -5"]),
+    ("[train]\ngrad_clip = 0.0\n", ["[train] of", "grad_clip"]),
+    ("[model]\nmlp_ratio = -1.0\n", ["[model] of", "mlp_ratio"]),
+    ('variants = []\n', ["variants in", "empty list"]),
+    ('seeds = [-1]\n', ["seeds in", "0 or more"]),
+])
+def test_an_experiment_file_out_of_range_is_one_line_naming_the_key_and_the_file(tmp_path, text, words):
+    file = tmp_path / "bad.toml"
+    file.write_text('preset = "tiny"\n' + text)
+    done = run("train", "--config", file, "--run-dir", tmp_path / "r")
+    assert_one_line_error(done, 2, *words)
+    assert str(file) in done.output and not (tmp_path / "r").exists()
