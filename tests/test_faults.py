@@ -399,7 +399,8 @@ def test_diverging_variant_stops_keeps_its_last_good_state_and_others_finish(tmp
 
     monkeypatch.setattr(GPT, "forward", forward)
     result = run("train", "--preset", "tiny", "--variants", "xl", "alibi", "--run-dir", tmp_path)
-    one_line_error(result, "diverged", "xl")
+    one_line_error(result, "diverged", "xl", "at step 13", "last resumable state (step 10)",
+                   f"relbench train --preset tiny --run-dir {tmp_path}-lr0.001 --lr 0.001 --variants xl --seeds 0")
     xl = checkpoints.read_meta(results.checkpoint_dir(tmp_path, "xl", 0))
     assert xl["status"] == "diverged" and not xl["finished"]
     kept = checkpoints.load_resume(results.checkpoint_dir(tmp_path, "xl", 0))
@@ -466,3 +467,25 @@ def test_checkpoint_loads_the_bytes_it_verified(tmp_path, monkeypatch):
     loaded = load_model(tmp_path)
     for name, tensor in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[name], tensor), name
+
+
+def test_a_run_that_diverges_before_its_first_checkpoint_says_so_and_its_retry_works_as_printed(tmp_path, monkeypatch):
+    from relbench.model import GPT
+
+    original = GPT.forward
+
+    def forward(self, tokens, **options):
+        logits = original(self, tokens, **options)
+        return logits * float("nan") if self.training and self.config.position == "xl" else logits
+
+    monkeypatch.setattr(GPT, "forward", forward)
+    run_dir = tmp_path / "r"
+    result = run("train", "--preset", "tiny", "--variants", "xl", "alibi", "--run-dir", run_dir)
+    one_line_error(result, "xl diverged", "at step 1", "no state of it was saved")
+    monkeypatch.setattr(GPT, "forward", original)
+    printed = result.output.split("`")[1].split()
+    assert printed[:2] == ["relbench", "train"]
+    again = run(*printed[1:])
+    assert again.exit_code == 0, again.output
+    assert checkpoints.read_meta(results.checkpoint_dir(Path(f"{run_dir}-lr0.001"), "xl", 0))["finished"]
+    assert checkpoints.read_meta(results.checkpoint_dir(run_dir, "alibi", 0))["finished"]     # kept

@@ -249,7 +249,7 @@ def train_run(run_dir: Path, specs: list[str], seeds: list[int], run_config: dic
     base = TrainConfig(**run_config["train"])
     for spec in specs:  # fail on a bad variant or option before any training starts
         positions.build_spec(spec, **model_config.position_shape)
-    summaries, failures, todo = [], [], []
+    summaries, failures, failed, todo = [], [], [], []
     for seed in seeds:
         for spec in specs:
             label = spec if len(seeds) == 1 else f"{spec} seed {seed}"
@@ -276,13 +276,21 @@ def train_run(run_dir: Path, specs: list[str], seeds: list[int], run_config: dic
             for pair, outcome in runs:
                 if outcome["status"] == "diverged":
                     failures.append(outcome["message"])
+                    failed.append(pair.spec)
                     continue
                 if logger is not None and apart:   # alone, the rows reached it as they were logged
                     for row in outcome["rows"]:
                         logger.row(row)
                 summaries.append(finish_pair(run_dir, pair, outcome, run_config, splits, console))
     if failures:
-        raise RelbenchError(f"{len(failures)} training run(s) diverged, the others finished: " + " | ".join(failures))
+        lower = base.lr / 3
+        retry = (f"the same settings diverge again (training is deterministic); to retry at a lower rate, train "
+                 f"into a new run directory, as `relbench train --preset {run_config.get('preset')} --run-dir "
+                 f"{run_dir}-lr{lower:g} --lr {lower:g} --variants {' '.join(dict.fromkeys(failed))} --seeds "
+                 f"{' '.join(map(str, sorted({p.seed for p in todo if p.spec in failed})))}` (a run directory holds "
+                 f"one configuration; what finished in {run_dir} is kept)")
+        raise RelbenchError(f"{len(failures)} training run(s) diverged, the others finished: " + " | ".join(failures)
+                            + "; " + retry)
     return summaries
 
 
@@ -329,8 +337,11 @@ def train_pair(pair: Pair, model_config: ModelConfig, splits: Splits, device: to
             f"{model_config.train_length} on {device}; finished variants and the last resumable state of "
             f"this one are kept in {pair.folder.parent.parent}; use a smaller --batch-size or --train-length") from None
     except Diverged as error:
-        message = (f"{pair.label} diverged ({error}); its last good state is kept in {pair.folder}; "
-                   f"try a lower --lr, or --force to start it again")
+        saved = checkpoints.load_resume(pair.folder) if distributed.is_main() else None   # rank 0 owns the folder
+        kept = (f"its last resumable state (step {saved['state']['step']}) is kept in {pair.folder}" if saved
+                else f"no state of it was saved (it diverged before its first checkpoint, step "
+                     f"{pair.config.checkpoint_every})")
+        message = f"{pair.label} diverged: loss {error.loss} at step {error.step + 1}; {kept}"
         if distributed.is_main():
             checkpoints.write_status(pair.folder, {"variant": pair.spec, "seed": pair.seed, "finished": False,
                                                    "status": "diverged", "message": message})
