@@ -63,6 +63,7 @@ MERGE = ["tests/test_merge.py"]
 DECIDE = ["tests/test_comparisons.py", "tests/test_decisions.py"]
 PANELS = ["tests/test_panels.py"]
 FAULTS = ["tests/test_fault_table.py"]
+INTEGRITY = ["tests/test_integrity.py"]
 BAM = ["tests/test_bam.py", "tests/test_capabilities.py"]
 SSMAX = ["tests/test_ssmax.py"]
 STICK = ["tests/test_stickbreaking.py", "tests/test_capabilities.py"]
@@ -461,6 +462,18 @@ MUTATIONS = [
      "        except OSError as error:", "        except ZeroDivisionError as error:", FAULTS),
     ("faults: a file named as the run directory is taken for one", "relbench/runs/results.py",
      "    if Path(run_dir).exists() and not Path(run_dir).is_dir():", "    if False:", FAULTS),
+    ("faults: a damaged checksum record is rebuilt from the files", "relbench/runs/results.py",
+     "        sums, why = None, type(error).__name__", "        return {}", INTEGRITY),
+    ("faults: a CSV with no recorded checksum is read", "relbench/runs/results.py",
+     "    if known is None:\n        where", "    if False:\n        where", INTEGRITY),
+    ("faults: merge copies a truncated checkpoint", "relbench/runs/merge.py",
+     "            problem = checkpoints.damage(checkpoint)", "            problem = None", INTEGRITY),
+    ("faults: a run without config.json is adopted", "relbench/runs/results.py",
+     "    if not path.is_file() and ((Path(run_dir) / \"checkpoints\").is_dir()", "    if False and ((Path(run_dir) / \"checkpoints\").is_dir()",
+     INTEGRITY),
+    ("faults: verify --repair records a damaged CSV", "relbench/runs/integrity.py",
+     "    added = [f.path for f in findings if f.status == WHOLE]", "    added = [f.path for f in findings if f.status != VERIFIED]",
+     INTEGRITY),
     ("positions: a perplexity row's bins keyed with the row's n_tokens (a forced evaluation adds a second set)",
      "relbench/evaluation/evaluators.py", 'POSITIONS_KEY = [k for k in PERPLEXITY.key if k != "n_tokens"]',
      "POSITIONS_KEY = list(PERPLEXITY.key)", MERGE),

@@ -70,8 +70,8 @@ def _say(line: str, code: int) -> None:
 
 
 # the order `relbench --help` lists the commands in: the pipeline, the tools, your own scheme
-ORDER = ("bench", "train", "tune-lr", "extrapolate", "finetune", "report", "variants", "presets", "profile", "inspect",
-         "check", "new-variant")
+ORDER = ("bench", "train", "tune-lr", "extrapolate", "finetune", "report", "merge", "verify", "variants", "presets",
+         "profile", "inspect", "check", "new-variant")
 
 
 INTERRUPTED = "interrupted: everything finished so far is kept; run the same command again to compute the rest"

@@ -186,3 +186,34 @@ def inspect_command(
     for title, header, body in tables(frame, lengths):
         console.print(report.rich_table(title, header, body))
     console.print(f"wrote {Path(run) / INSPECT_CSV}")
+
+
+@app.command("verify")
+def verify_command(run_dir: RunDir = results.DEFAULT_RUN_DIR,
+                   repair: Annotated[bool, typer.Option(help="Write a new checksums.json: the verified files kept, "
+                                                        "the unrecorded CSVs that are whole by their structure added "
+                                                        "(said so); a damaged file is never recorded.")] = False) -> None:
+    """What of a run can still be proven whole: each CSV against checksums.json, each finished
+    checkpoint against its meta.json; exit 1 while anything cannot be vouched for.
+
+    Example: relbench verify --run-dir runs/default --repair
+    """
+    from relbench.runs import integrity
+
+    results.require_run(run_dir)
+    with results.RunLock(run_dir):
+        findings, sums = integrity.verify(run_dir)
+        for finding in findings:
+            console.print(f"{finding.status:<18} {finding.path}: {finding.detail}", markup=False)
+        if repair:
+            added = integrity.repair(run_dir, findings, sums)
+            console.print(f"wrote {Path(run_dir) / results.CHECKSUMS}: {len(added)} file(s) recorded on their structure "
+                          f"alone ({', '.join(p.name for p in added) or 'none'})", markup=False)
+    damaged = [f for f in findings if f.status == integrity.DAMAGED]
+    unrecorded = [f for f in findings if f.status == integrity.WHOLE and not repair]
+    if damaged or unrecorded:
+        first = (damaged or unrecorded)[0]
+        raise RelbenchError(f"{len(damaged)} damaged and {len(unrecorded)} unrecorded file(s) in {run_dir}, first "
+                            f"{first.path}: {first.detail}; "
+                            + ("restore or delete each damaged file and rerun the command that writes it"
+                               if damaged else f"`relbench verify --run-dir {run_dir} --repair` records them"))

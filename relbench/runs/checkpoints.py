@@ -45,6 +45,25 @@ def save_checkpoint(folder: Path, model: torch.nn.Module | dict[str, torch.Tenso
     (Path(folder) / RESUME_FILE).unlink(missing_ok=True)  # the finished model supersedes it
 
 
+def damage(folder: Path) -> str | None:
+    """What is wrong with a checkpoint folder's files, or None when they hold together: a finished
+    checkpoint's model.pt must match the sha256 its meta.json records."""
+    try:
+        meta = read_meta(folder)
+    except RelbenchError as error:
+        return str(error)
+    if meta is None or not meta.get("finished"):
+        return None
+    path = Path(folder) / MODEL_FILE
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        return f"checkpoint {path} cannot be read ({error.strerror})"
+    if meta.get("sha256") and sha256_bytes(data) != meta["sha256"]:
+        return f"checkpoint {path} is corrupt or truncated (checksum mismatch)"
+    return None
+
+
 def write_status(folder: Path, meta: dict[str, Any]) -> None:
     """meta.json for a variant that did not finish (it keeps any resume.pt beside it)."""
     write_json(Path(folder) / META_FILE, meta)

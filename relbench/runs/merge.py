@@ -29,8 +29,8 @@ from typing import Any
 
 import pandas as pd
 
-from relbench.errors import UsageError
-from relbench.runs import results
+from relbench.errors import RelbenchError, UsageError
+from relbench.runs import checkpoints, results
 
 TRAIN_KEY = ["variant", "seed"]   # a loss curve goes whole: train.csv's key, beside the caller's tables
 LOCK_FILES = (".lock", ".lock.pid")   # what results.RunLock leaves in a folder it locked
@@ -168,6 +168,11 @@ def merge_runs(target: Path, sources: list[Path], tables: dict[str, list[str]], 
             if there.exists() and not replace:
                 conflicts.append(f"checkpoint {checkpoint.name} differs in {source}")
                 continue
+            problem = checkpoints.damage(checkpoint)
+            if problem:
+                raise RelbenchError(f"{problem}, in a run to fold in; nothing was written: retrain it in {source} "
+                                    f"(relbench train --run-dir {source} --force with its variant and seed) or delete "
+                                    f"{checkpoint} there")
             copies.append((checkpoint, there))
     if conflicts:
         shown = "; ".join(conflicts[:3]) + (f"; and {len(conflicts) - 3} more" if len(conflicts) > 3 else "")

@@ -93,7 +93,10 @@ def read_json(path: Path) -> Any:
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise RelbenchError(f"cannot read {path}: {error}; delete it or rerun the command that writes it") from None
+        fix = (f"restore it from a copy ({Path(path).parent / CONFIG_TOML} holds the same settings); deleting it leaves "
+               f"the run's files with no record of how they were made" if Path(path).name == CONFIG
+               else "delete it or rerun the command that writes it")
+        raise RelbenchError(f"cannot read {path}: {error}; {fix}") from None
 
 
 CHECKSUMS = "checksums.json"
@@ -108,21 +111,40 @@ def write_csv(path: Path, frame: pd.DataFrame) -> None:
     path = Path(path)
     data = frame.to_csv(index=False).encode("utf-8")
     sums_path = path.parent / CHECKSUMS
-    sums = _read_checksums(sums_path)
+    sums = read_checksums(sums_path)
     old = sums.get(path.name, {}).get("current")
     sums[path.name] = {"current": sha256_bytes(data), "previous": old}
     write_json(sums_path, sums)
     atomic_write_bytes(path, data)
 
 
-def _read_checksums(path: Path) -> dict[str, Any]:
+def read_checksums(path: Path) -> dict[str, Any]:
+    """The run's recorded checksums; {} when it has none yet. A damaged record is refused, never
+    rebuilt: rebuilding it from the files it should vouch for would vouch for a damaged file."""
     if not path.is_file():
         return {}
     try:
         sums = json.loads(path.read_text(encoding="utf-8"))
-        return sums if isinstance(sums, dict) else {}
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return {}  # a damaged checksum file only loses the check, never data
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        sums, why = None, type(error).__name__
+    else:
+        why = "not a table of checksums"
+    if not isinstance(sums, dict) or not all(isinstance(v, dict) and "current" in v for v in sums.values()):
+        raise RelbenchError(f"{path} is damaged ({why}), so no file of the run can be told from a damaged copy; run "
+                            f"`relbench verify --run-dir {path.parent}` to see what can still be checked")
+    return sums
+
+
+def checksum_problem(path: Path, data: bytes) -> str | None:
+    """Why the bytes of CSV `path` cannot be trusted, or None when they are the ones relbench wrote."""
+    sums_path = path.parent / CHECKSUMS
+    known = read_checksums(sums_path).get(path.name)
+    if known is None:
+        where = "is missing" if not sums_path.is_file() else "does not list it"
+        return f"{path} has no recorded checksum ({sums_path} {where}), so it cannot be told from a damaged copy"
+    if sha256_bytes(data) not in (known.get("current"), known.get("previous")):
+        return f"{path} was changed or truncated after relbench wrote it (checksum mismatch)"
+    return None
 
 
 def read_csv(path: Path, required: set[str] | frozenset[str] = frozenset()) -> pd.DataFrame:
@@ -133,9 +155,10 @@ def read_csv(path: Path, required: set[str] | frozenset[str] = frozenset()) -> p
         data = path.read_bytes()
     except OSError as error:
         raise RelbenchError(f"cannot read {path}: {error.strerror}") from None
-    known = _read_checksums(path.parent / CHECKSUMS).get(path.name)
-    if known and sha256_bytes(data) not in (known.get("current"), known.get("previous")):
-        raise RelbenchError(f"{path} was changed or truncated after relbench wrote it (checksum mismatch); {fix}")
+    problem = checksum_problem(path, data)
+    if problem:
+        raise RelbenchError(f"{problem}; `relbench verify --run-dir {path.parent}` says what can still be checked, or "
+                            f"{fix}")
     try:
         frame = pd.read_csv(io.BytesIO(data))
     except (ValueError, pd.errors.ParserError, UnicodeDecodeError) as error:
@@ -373,6 +396,10 @@ def record_run(run_dir: Path, config: dict[str, Any], specs: list[str], seeds: l
     """config.json and config.toml with this command's variants and seeds added, after checking that
     the run directory holds no run of another configuration; returns what it wrote."""
     path = Path(run_dir) / CONFIG
+    if not path.is_file() and ((Path(run_dir) / "checkpoints").is_dir() or any(Path(run_dir).glob("*.csv"))):
+        raise UsageError(f"{run_dir} holds a run's files but no {CONFIG}, so how they were made is unknown and no "
+                         f"configuration may adopt them; restore {path} (config.toml beside it holds the settings) "
+                         f"or use another --run-dir")
     if path.is_file():
         old = read_json(path)
         differs = differences(old, config)

@@ -1,0 +1,100 @@
+"""A run's integrity is proven, never rebuilt: a damaged or missing checksums.json makes readers refuse the
+run, `relbench verify` says what can still be proven and --repair records only what is whole; a run
+without its config.json is adopted by no configuration; merge refuses a damaged checkpoint."""
+
+import json
+import shutil
+
+import pytest
+from test_cli import assert_one_line_error, run
+
+from relbench.runs import checkpoints, results
+
+TINY = ["--preset", "tiny", "--variants", "alibi"]
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("run")
+    assert run("train", *TINY, "--run-dir", folder).exit_code == 0
+    assert run("extrapolate", "--run-dir", folder, "--lengths", 32).exit_code == 0
+    return folder
+
+
+@pytest.fixture
+def copy(made, tmp_path):
+    shutil.copytree(made, tmp_path / "run")
+    return tmp_path / "run"
+
+
+@pytest.mark.parametrize("damage", ["truncated", "deleted", "not a table"])
+def test_a_damaged_or_missing_checksum_record_makes_the_run_refused_not_rebuilt(copy, damage):
+    sums = copy / results.CHECKSUMS
+    if damage == "truncated":
+        sums.write_bytes(sums.read_bytes()[:20])
+    elif damage == "deleted":
+        sums.unlink()
+    else:
+        sums.write_text("[1, 2]\n")
+    before = sums.read_bytes() if sums.exists() else None
+    done = run("report", "--run-dir", copy)
+    said = "has no recorded checksum" if damage == "deleted" else f"{sums} is damaged"
+    assert_one_line_error(done, 1, said, "relbench verify --run-dir")
+    assert (sums.read_bytes() if sums.exists() else None) == before      # nothing rebuilt it
+
+
+def test_a_csv_cut_mid_row_is_refused_even_after_its_record_is_gone_and_repair_leaves_it_out(copy):
+    path = copy / results.TRAIN_CSV
+    path.write_bytes(path.read_bytes()[:-7])
+    (copy / results.CHECKSUMS).unlink()
+    assert_one_line_error(run("report", "--run-dir", copy), 1, "no recorded checksum")
+    done = run("verify", "--run-dir", copy, "--repair")
+    assert done.exit_code == 1 and "train.csv: its last line is cut short" in done.output
+    sums = results.read_checksums(copy / results.CHECKSUMS)
+    assert "extrapolation.csv" in sums and results.TRAIN_CSV not in sums
+    assert_one_line_error(run("report", "--run-dir", copy), 1, str(path))
+
+
+def test_verify_repairs_a_lost_record_of_whole_files_and_says_so(copy):
+    (copy / results.CHECKSUMS).unlink()
+    done = run("verify", "--run-dir", copy)
+    assert done.exit_code == 1 and "whole, unrecorded" in done.output and "--repair" in done.output
+    done = run("verify", "--run-dir", copy, "--repair")
+    assert done.exit_code == 0 and "recorded on their structure alone" in done.output
+    assert run("report", "--run-dir", copy).exit_code == 0
+    assert run("verify", "--run-dir", copy).exit_code == 0
+
+
+def test_verify_finds_a_checkpoint_that_does_not_match_its_meta(copy):
+    model = results.checkpoint_dir(copy, "alibi", 0) / checkpoints.MODEL_FILE
+    model.write_bytes(model.read_bytes()[:100])
+    done = run("verify", "--run-dir", copy)
+    assert done.exit_code == 1 and "checksum mismatch" in done.output
+
+
+def test_a_run_without_its_config_is_adopted_by_no_configuration(copy):
+    (copy / results.CONFIG).unlink()
+    done = run("train", "--preset", "tiny", "--variants", "xl", "--steps", 5, "--run-dir", copy)
+    assert_one_line_error(done, 2, "no config.json", "restore")
+    assert not results.checkpoint_dir(copy, "xl", 0).exists()
+
+
+def test_a_damaged_config_says_to_restore_it_not_to_delete_it(copy):
+    (copy / results.CONFIG).write_text("{")
+    done = run("report", "--run-dir", copy)
+    assert_one_line_error(done, 1, "restore it", "config.toml")
+    assert "delete it" not in done.output
+
+
+def test_merge_refuses_a_truncated_checkpoint_and_writes_nothing(made, tmp_path):
+    source = tmp_path / "source"
+    assert run("train", "--preset", "tiny", "--variants", "xl", "--run-dir", source).exit_code == 0
+    model = results.checkpoint_dir(source, "xl", 0) / checkpoints.MODEL_FILE
+    model.write_bytes(model.read_bytes()[:100])
+    target = tmp_path / "target"
+    shutil.copytree(made, target)
+    before = {p: p.read_bytes() for p in target.rglob("*") if p.is_file() and not p.name.startswith(".lock")}
+    done = run("merge", source, "--run-dir", target)
+    assert_one_line_error(done, 1, "corrupt or truncated", "nothing was written")
+    after = {p: p.read_bytes() for p in target.rglob("*") if p.is_file() and not p.name.startswith(".lock")}
+    assert after == before and json.loads((target / results.CONFIG).read_text())["variants"] == ["alibi"]
