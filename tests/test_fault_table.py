@@ -87,3 +87,54 @@ def test_an_experiment_file_out_of_range_is_one_line_naming_the_key_and_the_file
     done = run("train", "--config", file, "--run-dir", tmp_path / "r")
     assert_one_line_error(done, 2, *words)
     assert str(file) in done.output and not (tmp_path / "r").exists()
+
+
+def children_of(pid: int) -> list[int]:
+    out = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
+        except OSError:
+            continue
+        if int(fields.get("PPid", "0").strip()) == pid:
+            out.append(int(status.parent.name))
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads /proc")
+def test_workers_of_a_killed_parent_stop_save_and_resume(tmp_path):
+    """SIGKILL of `train --jobs 2` leaves no orphan training: each worker sees its parent gone, stops after
+    its step, saves where it was, and exits; the same command then resumes."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    run_dir = tmp_path / "r"
+    command = [sys.executable, "-m", "relbench", "train", "--preset", "tiny", "--variants", "alibi", "xl",
+               "--steps", "20000", "--jobs", "2", "--run-dir", str(run_dir)]
+    parent = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env={**os.environ, "OMP_NUM_THREADS": "2"})
+    started = 0
+    while started < 2:
+        line = parent.stdout.readline()
+        assert line, "train ended before both runs started"
+        started += line.rstrip().endswith(": started")
+    time.sleep(3)
+    workers = [pid for pid in children_of(parent.pid) if "relbench" in Path(f"/proc/{pid}/cmdline").read_text()
+               or "multiprocessing" in Path(f"/proc/{pid}/cmdline").read_text()]
+    assert workers
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 60
+    while any(Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text()
+              for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    alive = [pid for pid in workers if Path(f"/proc/{pid}").exists()
+             and "zombie" not in Path(f"/proc/{pid}/status").read_text()]
+    for pid in alive:
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, f"workers {alive} outlived their parent"
+    for variant in ("alibi", "xl"):
+        assert (results.checkpoint_dir(run_dir, variant, 0) / "resume.pt").is_file()

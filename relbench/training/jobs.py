@@ -13,7 +13,8 @@ summary back; the parent writes train.csv and the checkpoint in the order runs f
 (Ctrl-C, SIGTERM) reaches the parent, which passes one SIGTERM to every child: each stops after
 its step, saves where it was, and the command ends with "interrupted:" (run it again to resume).
 A child that dies (killed, out of memory) loses only its own run's last steps since its last
-resumable save; the others finish and are written.
+resumable save; the others finish and are written. A parent that dies without a word (SIGKILL)
+leaves no orphan training: each child sees it gone, stops after its step and saves where it was.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import multiprocessing
 import os
 import queue
 import signal
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -164,6 +166,7 @@ def _child(results, index: int, pair, model_config: ModelConfig, splits: Splits,
     stopped) or (index, "error", one line); (index, "line", text) for progress on the way."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C reaches the parent, which passes it on once
     torch.set_num_threads(threads)
+    orphaned = watch_parent()
     try:
         from relbench.positions import plugins
 
@@ -193,3 +196,22 @@ def _child(results, index: int, pair, model_config: ModelConfig, splits: Splits,
         results.put((index, "error", str(error)))
     except BaseException:
         results.put((index, "error", one_line(traceback.format_exc().strip().splitlines()[-1])))
+    finally:
+        if orphaned.is_set():          # nobody reads the queue: exit without waiting to hand it over
+            results.cancel_join_thread()
+
+
+def watch_parent(every: float = 1.0) -> threading.Event:
+    """In a child: when the parent dies (SIGKILL leaves no chance to stop its children), the child
+    stops as on SIGTERM (after its step, saving where it was, so the same command resumes) instead of
+    training on for no one. Returns the event set when that happened."""
+    parent, orphaned = os.getppid(), threading.Event()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every)
+        orphaned.set()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="relbench-parent-watch", daemon=True).start()
+    return orphaned
