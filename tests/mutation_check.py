@@ -477,6 +477,8 @@ MUTATIONS = [
     ("faults: workers of --jobs train on after their parent is killed", "relbench/training/jobs.py",
      '    threading.Thread(target=watch, name="relbench-parent-watch", daemon=True).start()', "    pass",
      [FAULTS[0] + "::test_workers_of_a_killed_parent_stop_save_and_resume"]),
+    ("faults: a plugin's time limit ignores RELBENCH_PLUGIN_TIMEOUT", "relbench/positions/plugins.py",
+     "        seconds = float(text) if text else DEFAULT_TIMEOUT", "        seconds = DEFAULT_TIMEOUT", FAULTS),
     ("positions: a perplexity row's bins keyed with the row's n_tokens (a forced evaluation adds a second set)",
      "relbench/evaluation/evaluators.py", 'POSITIONS_KEY = [k for k in PERPLEXITY.key if k != "n_tokens"]',
      "POSITIONS_KEY = list(PERPLEXITY.key)", MERGE),

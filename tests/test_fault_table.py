@@ -138,3 +138,14 @@ def test_workers_of_a_killed_parent_stop_save_and_resume(tmp_path):
     assert not alive, f"workers {alive} outlived their parent"
     for variant in ("alibi", "xl"):
         assert (results.checkpoint_dir(run_dir, variant, 0) / "resume.pt").is_file()
+
+
+@pytest.mark.parametrize("command", [["check"], ["train", "--preset", "tiny", "--plugin"]])
+def test_a_plugin_whose_import_never_returns_is_stopped_in_one_line(tmp_path, monkeypatch, command):
+    hang = tmp_path / "hang.py"
+    hang.write_text("import time\nwhile True:\n    time.sleep(0.05)\n")
+    monkeypatch.setenv("RELBENCH_PLUGIN_TIMEOUT", "0.5")
+    done = run(*command, hang, "--run-dir", tmp_path / "r") if "train" in command else run(*command, hang)
+    assert_one_line_error(done, 2, f"plugin {hang} did not finish importing within 0.5 s", "RELBENCH_PLUGIN_TIMEOUT")
+    monkeypatch.setenv("RELBENCH_PLUGIN_TIMEOUT", "soon")
+    assert_one_line_error(run("check", hang), 2, "RELBENCH_PLUGIN_TIMEOUT must be a number")

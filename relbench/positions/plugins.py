@@ -14,8 +14,13 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import importlib.util
+import os
+import signal
 import sys
+import threading
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +30,46 @@ from relbench.positions import base, forms
 
 ENTRY_POINT_GROUP = "relbench.positions"
 ENV = "RELBENCH_PLUGINS"   # the plugin files a child process (profile --memory) loads, os.pathsep-separated
+TIMEOUT_ENV = "RELBENCH_PLUGIN_TIMEOUT"   # seconds a plugin's import may take (0: no limit)
+DEFAULT_TIMEOUT = 60.0
+
+
+class ImportTimeout(Exception):
+    """A plugin's import ran past its time limit."""
+
+
+def import_timeout() -> float:
+    """The time limit of a plugin's import: RELBENCH_PLUGIN_TIMEOUT seconds, else 60."""
+    text = os.environ.get(TIMEOUT_ENV, "")
+    try:
+        seconds = float(text) if text else DEFAULT_TIMEOUT
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:
+        raise UsageError(f"{TIMEOUT_ENV} must be a number of seconds, 0 or more (0: no limit), got {text!r}")
+    return seconds
+
+
+@contextmanager
+def time_limit(seconds: float, label: str) -> Iterator[None]:
+    """Raise ImportTimeout in the block after `seconds` (a timer signal: POSIX, main thread only; elsewhere,
+    and for 0, no limit). A plugin's import runs the user's code at module level, which may never return."""
+    usable = seconds > 0 and hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+    if not usable:
+        yield
+        return
+
+    def expire(signum, frame) -> None:
+        raise ImportTimeout(f"plugin {label} did not finish importing within {seconds:g} s: a plugin should only define "
+                            f"and register its classes when imported; set {TIMEOUT_ENV}=SECONDS to wait longer")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 @dataclass(frozen=True)
@@ -89,7 +134,11 @@ def _import(label: str, run, resolved: Path | None = None) -> tuple[tuple[str, .
             forms.unregister_form(name)
 
     try:
-        run()
+        with time_limit(import_timeout(), label):
+            run()
+    except ImportTimeout as error:
+        rollback()
+        raise UsageError(str(error)) from None
     except NameTaken as error:
         rollback()
         owner = "a built-in" if error.name in builtin_names() else "an already loaded plugin's"
