@@ -149,3 +149,9 @@ def test_a_plugin_whose_import_never_returns_is_stopped_in_one_line(tmp_path, mo
     assert_one_line_error(done, 2, f"plugin {hang} did not finish importing within 0.5 s", "RELBENCH_PLUGIN_TIMEOUT")
     monkeypatch.setenv("RELBENCH_PLUGIN_TIMEOUT", "soon")
     assert_one_line_error(run("check", hang), 2, "RELBENCH_PLUGIN_TIMEOUT must be a number")
+
+
+def test_a_token_budget_too_small_to_draw_a_sequence_from_is_refused_with_the_least_that_works(tmp_path):
+    done = run("train", *TINY, "--max-train-tokens", 5, "--run-dir", tmp_path / "r")
+    ends_in_one_line(done, 2, "holds 5 tokens", "--max-train-tokens 66 or more")
+    assert run("train", *TINY, "--max-train-tokens", 66, "--run-dir", tmp_path / "ok").exit_code == 0

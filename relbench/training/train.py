@@ -26,7 +26,7 @@ from relbench.config import ModelConfig, TrainConfig, to_dict
 from relbench.cost.inspection import attention_logit_max
 from relbench.cost.memory import is_out_of_memory
 from relbench.data import Splits
-from relbench.errors import RelbenchError
+from relbench.errors import RelbenchError, UsageError
 from relbench.model import GPT
 from relbench.positions import forms, plugins
 from relbench.runs import checkpoints, distributed, results, tracking
@@ -247,6 +247,10 @@ def train_run(run_dir: Path, specs: list[str], seeds: list[int], run_config: dic
     with the same weights and curve as alone at its thread count; this process writes every file."""
     model_config = ModelConfig(**run_config["model"])
     base = TrainConfig(**run_config["train"])
+    needed = 2 * (model_config.train_length + 1)     # a training window, and room to draw where it starts
+    if len(splits.train) < needed:
+        raise UsageError(f"the training split holds {len(splits.train):,} tokens, too few to draw sequences of "
+                         f"{model_config.train_length + 1} from; give --max-train-tokens {needed:,} or more")
     for spec in specs:  # fail on a bad variant or option before any training starts
         positions.build_spec(spec, **model_config.position_shape)
     summaries, failures, failed, todo = [], [], [], []
