@@ -98,3 +98,25 @@ def test_merge_refuses_a_truncated_checkpoint_and_writes_nothing(made, tmp_path)
     assert_one_line_error(done, 1, "corrupt or truncated", "nothing was written")
     after = {p: p.read_bytes() for p in target.rglob("*") if p.is_file() and not p.name.startswith(".lock")}
     assert after == before and json.loads((target / results.CONFIG).read_text())["variants"] == ["alibi"]
+
+
+def test_the_fix_printed_for_a_corrupt_checkpoint_works_as_printed(copy):
+    import shlex
+
+    model = results.checkpoint_dir(copy, "alibi", 0) / checkpoints.MODEL_FILE
+    model.write_bytes(model.read_bytes()[:100])
+    done = run("extrapolate", "--run-dir", copy, "--lengths", 32, "--force")
+    assert done.exit_code == 1 and "corrupt or truncated" in done.output
+    printed = shlex.split(done.output.split("`")[1])
+    assert printed[:2] == ["relbench", "train"]
+    assert run(*printed[1:]).exit_code == 0
+    assert run("extrapolate", "--run-dir", copy, "--lengths", 32, "--force").exit_code == 0
+
+
+@pytest.mark.parametrize("damage", [{"seeds": "0"}, {"variants": [1]}, {"model": None}])
+def test_a_config_whose_fields_are_of_the_wrong_kind_is_refused_and_nothing_is_written(copy, damage):
+    path = copy / results.CONFIG
+    path.write_text(json.dumps({**json.loads(path.read_text()), **damage}))
+    before = (copy / "report.md").read_bytes() if (copy / "report.md").exists() else None
+    assert_one_line_error(run("report", "--run-dir", copy), 1, "config.json is damaged", "restore it")
+    assert ((copy / "report.md").read_bytes() if (copy / "report.md").exists() else None) == before

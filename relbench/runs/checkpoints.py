@@ -12,6 +12,7 @@ is reported with its path and never used.
 from __future__ import annotations
 
 import io
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +112,10 @@ def load_model(folder: Path, device: torch.device | str = "cpu"):
     if meta is None:
         raise RelbenchError(f"no checkpoint in {folder}; run `relbench train` for this variant")
     path = Path(folder) / MODEL_FILE
-    fix = f"retrain it with `relbench train --force --variants {meta.get('variant', '?')} --seeds {meta.get('seed', 0)}`"
+    run_dir = Path(folder).parent.parent
+    fix = (f"retrain it with `relbench train --run-dir {shlex.quote(str(run_dir))} --config "
+           f"{shlex.quote(str(run_dir / 'config.toml'))} --variants {shlex.quote(str(meta.get('variant', '?')))} "
+           f"--seeds {meta.get('seed', 0)} --force`")
     try:
         data = path.read_bytes()
     except OSError as error:

@@ -258,6 +258,10 @@ def require_run(run_dir: Path) -> dict[str, Any]:
     if not (run_dir / CONFIG).is_file():
         raise RelbenchError(f"{run_dir} is not a relbench run (no {CONFIG}); run `relbench train --run-dir {run_dir}`")
     config = read_json(run_dir / CONFIG)
+    problem = config_problem(config)
+    if problem:
+        raise RelbenchError(f"{run_dir / CONFIG} is damaged ({problem}); restore it from a copy ({run_dir / CONFIG_TOML} "
+                            f"holds the same settings); nothing of the run was read or written")
     if config.get("plugins"):   # the schemes of the user's own files it was trained with: the same files again
         from relbench.positions import plugins
 
@@ -266,6 +270,21 @@ def require_run(run_dir: Path) -> dict[str, Any]:
             config["plugins"] = now
             write_json(run_dir / CONFIG, config)
     return config
+
+
+def config_problem(config: Any) -> str | None:
+    """What makes a config.json unusable as a run's record, or None."""
+    if not isinstance(config, dict):
+        return "not a table"
+    for key in ("model", "train"):
+        if not isinstance(config.get(key), dict):
+            return f"{key} is not a table"
+    checks = {"variants": str, "seeds": int}
+    for key, kind in checks.items():
+        value = config.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(v, kind) and not isinstance(v, bool) for v in value):
+            return f"{key} is not a list of {kind.__name__}s: {value!r}"
+    return None
 
 
 def check_folder(run_dir: Path) -> None:
