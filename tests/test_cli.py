@@ -326,3 +326,12 @@ def test_a_piped_console_keeps_a_wide_table_row_on_one_line(monkeypatch):
     assert len(rows) == 1 and "2048 (2/3; per seed 512, 8192)" in rows[0] and "1900 (1400-2400)" in rows[0]
     monkeypatch.setenv("COLUMNS", "100")          # the user's own width wins
     assert make_console(io.StringIO()).width == 100
+
+
+@pytest.mark.parametrize("command", ["bench", "train", "extrapolate", "report", "merge", "verify", "check"])
+def test_help_keeps_each_example_on_a_line_of_its_own(command):
+    """Click rewraps a docstring's paragraphs; the examples are kept as written, one command per line."""
+    text = run(command, "--help").output
+    block = text.split("Examples:")[1].split("Options:")[0].split("Arguments:")[0]
+    lines = [line.strip() for line in block.splitlines() if line.strip()]
+    assert lines and all(line.startswith("relbench ") for line in lines), lines

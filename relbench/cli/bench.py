@@ -77,8 +77,7 @@ def bench_command(
     model uses distant context, passkey and MQAR reach over the seeds that learned, steps to learn,
     and the attention cost at 4x. Before training, bench prints its expected time for each track.
 
-    Example: relbench bench        (the quick preset's 16 variants and their retrieval track; the README quotes
-    measured times per CPU)
+    Example: relbench bench        (the quick preset's variants and their retrieval track; the README quotes times)
              relbench bench --track lm --config examples/three-schemes.toml
              relbench bench --track retrieval --variants alibi rope xl t5
              relbench bench --plugin mybias.py --variants mybias --against retrieval

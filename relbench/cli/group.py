@@ -100,8 +100,24 @@ def environment_fault(error: OSError) -> str:
     return f"error: {cause}{where}; {fix}"
 
 
+def examples_kept(text: str) -> str:
+    """A command's help with its "Example:" paragraph marked not to be rewrapped (click's \\b): one
+    example per line, each copyable as it stands."""
+    head, marker, tail = text.partition("Example:")
+    if not marker or "\b" in text:
+        return text
+    lines = [line.strip() for line in tail.strip("\n").splitlines()]
+    return f"{head}Examples:\n\n\b\n" + "\n".join(line for line in lines if line)
+
+
 class Group(TyperGroup):
     """Errors become one line on stderr and an exit code: 2 for usage, 1 for runtime problems."""
+
+    def get_command(self, ctx, cmd_name):
+        command = super().get_command(ctx, cmd_name)
+        if command is not None and command.help:
+            command.help = examples_kept(command.help)
+        return command
 
     def list_commands(self, ctx) -> list[str]:
         names = super().list_commands(ctx)
