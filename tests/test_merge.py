@@ -199,3 +199,20 @@ def test_the_environment_names_the_cpu_and_its_attention_features():
     assert cpu_name("model name\t: Old Core i5\nflags\t\t: fpu sse2 avx\n") == "Old Core i5"
     assert cpu_name("flags\t\t: avx2\n").endswith("; avx2")
     assert "cpu" in results.environment("cpu")
+
+
+def test_merge_folds_only_the_seeds_and_variants_named(workers, tmp_path):
+    """`--seeds 1 --variants xl`: only xl seed 1's rows and checkpoint come over, and config.json records
+    only what was folded."""
+    target = tmp_path / "some"
+    assert run("merge", workers / "a", "--run-dir", target).exit_code == 0
+    result = run("merge", workers / "b", "--seeds", 1, "--variants", "xl", "--run-dir", target)
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (target / "checkpoints").iterdir()) == ["alibi-seed0", "xl-seed1"]
+    for name in ("train.csv", "extrapolation.csv", "passkey.csv"):
+        rows = _rows(target, name)
+        pairs = set(zip(rows["variant"].astype(str), rows["seed"].astype(int)))
+        assert pairs == {("alibi", 0), ("xl", 1)}, (name, pairs)
+    config = results.require_run(target)
+    assert config["variants"] == ["alibi", "xl"] and config["seeds"] == [0, 1]
+    assert config["merged_from"][-1]["variants"] == ["xl"] and config["merged_from"][-1]["seeds"] == [1]

@@ -272,13 +272,20 @@ def merge_command(
     replace: Annotated[bool, typer.Option(help="Where a folded run and --run-dir both hold a row or checkpoint and "
                                                "they differ, keep the folded run's (default: stop, write nothing).")]
     = False,
+    seeds: Annotated[list[int] | None, typer.Option(help="Fold only these seeds of the runs named (default: all).")]
+    = None,
+    variants: Annotated[list[str] | None, typer.Option(help="Fold only these variants of the runs named (default: "
+                                                            "all).")] = None,
 ) -> None:
     """Fold runs made side by side (two processes, machines or cluster jobs, each in its own run
     directory with the same configuration) into one: checkpoints, train.csv and every table
     `extrapolate` writes, and the variants and seeds in config.json, with each source's machine
     recorded. Then `report` sees them all. profile.csv and inspect.csv are not folded.
 
+    --seeds and --variants fold only those seeds and variants of the runs named (rows and checkpoints).
+
     Example: relbench merge runs/worker-a runs/worker-b --run-dir runs/all
+             relbench merge runs/host-b --seeds 4 5 --run-dir runs/all
     """
     from relbench.evaluation.extrapolate import result_tables
     from relbench.runs.merge import merge_runs
@@ -288,7 +295,8 @@ def merge_command(
         for run in dict.fromkeys(Path(r).resolve() for r in [run_dir, *runs]):   # each folder once
             if run.is_dir() or run == Path(run_dir).resolve():
                 locks.enter_context(results.RunLock(run))
-        done = merge_runs(run_dir, list(runs), result_tables(), replace)
+        done = merge_runs(run_dir, list(runs), result_tables(), replace,
+                          unique("seed", seeds) if seeds else None, list(variants) if variants else None)
     for name in sorted(done.added):
         if done.added[name] or done.replaced.get(name):
             console.print(f"{name}: {done.added[name]} added, {done.replaced.get(name, 0)} replaced")

@@ -113,11 +113,29 @@ def _same_plugins(mine: list[dict[str, Any]], theirs: list[dict[str, Any]], wher
     return out
 
 
-def merge_runs(target: Path, sources: list[Path], tables: dict[str, list[str]], replace: bool = False) -> Merged:
+def _chosen(frame: pd.DataFrame, seeds: list[int] | None, variants: list[str] | None) -> pd.DataFrame:
+    """The rows of the chosen seeds and variants (all where none are named)."""
+    keep = pd.Series(True, index=frame.index)
+    if seeds is not None and "seed" in frame.columns:
+        keep &= frame["seed"].astype(int).isin(seeds)
+    if variants is not None and "variant" in frame.columns:
+        keep &= frame["variant"].astype(str).isin(variants)
+    return frame[keep]
+
+
+def _chosen_checkpoint(name: str, seeds: list[int] | None, variants: list[str] | None) -> bool:
+    """Whether a checkpoint folder (`<slug>-seed<s>`) holds a chosen seed and variant."""
+    slug, _, seed = name.rpartition("-seed")
+    return (seeds is None or (seed.isdigit() and int(seed) in seeds)) and \
+        (variants is None or slug in {results.slug(v) for v in variants})
+
+
+def merge_runs(target: Path, sources: list[Path], tables: dict[str, list[str]], replace: bool = False,
+               seeds: list[int] | None = None, variants: list[str] | None = None) -> Merged:
     """Fold the runs `sources` into the run `target` (created from the first source when it does not
     exist or is empty): train.csv and the result `tables` (name: the columns that identify a row, or
     a group that goes whole; evaluation.extrapolate.result_tables() gives every table relbench
-    writes). Every check comes before the first write."""
+    writes); with `seeds` or `variants`, only theirs. Every check comes before the first write."""
     target, sources = Path(target), [Path(s) for s in sources]
     if not sources:
         raise UsageError("relbench merge needs at least one run to fold in; name its folder")
@@ -147,7 +165,7 @@ def merge_runs(target: Path, sources: list[Path], tables: dict[str, list[str]], 
         for source in sources:
             if not (source / name).is_file():
                 continue
-            source_rows = results.read_csv(source / name)
+            source_rows = _chosen(results.read_csv(source / name), seeds, variants)
             if name == results.TRAIN_CSV:
                 curves[source] = source_rows
             table, added, replaced = _fold(table, source_rows, key, replace, name, str(source), conflicts)
@@ -160,7 +178,7 @@ def merge_runs(target: Path, sources: list[Path], tables: dict[str, list[str]], 
     for source in sources:
         folder = source / "checkpoints"
         for checkpoint in sorted(folder.iterdir()) if folder.is_dir() else []:
-            if not checkpoint.is_dir():
+            if not checkpoint.is_dir() or not _chosen_checkpoint(checkpoint.name, seeds, variants):
                 continue
             there = target / "checkpoints" / checkpoint.name
             if there.exists() and _checkpoint_meta(there) == _checkpoint_meta(checkpoint):
