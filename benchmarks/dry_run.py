@@ -38,7 +38,7 @@ def whole_step(spec: str, exp, device: torch.device, batch: int, steps: int) -> 
     """Seconds of one training step of the configured model at `batch` (fastest of `steps`)."""
     model_config = dataclasses.replace(exp.model, position=spec, attention=exp.train.attention)
     train = dataclasses.replace(exp.train, position_lr_scale=position_lr(spec, exp.train)[0])
-    timer = dryrun._Timer(model_config, train, device, model_config.n_layers, model_config.vocab_size)
+    timer = dryrun.StepTimer(model_config, train, device, model_config.n_layers, model_config.vocab_size)
     timer.step(batch, model_config.train_length)              # warm-up at the timed shape
     times, started = [], time.perf_counter()
     while len(times) < steps or (len(times) < dryrun.MOST_ROUNDS and time.perf_counter() - started < 2.0):
@@ -49,9 +49,9 @@ def whole_step(spec: str, exp, device: torch.device, batch: int, steps: int) -> 
 def whole_memory(spec: str, exp, batch: int) -> int:
     """training_bytes with the saved tensors probed on the configured model itself."""
     model = dataclasses.replace(exp.model, position=spec, attention=exp.train.attention)
-    per_row, shared = memory._probe_line(model, exp.train.precision)
+    per_row, shared = memory.probe_line(model, exp.train.precision)
     weights = memory.FLOAT * 4 * memory.parameter_count(model)
-    return memory._with_backward(model, batch, weights, batch * per_row + shared)
+    return memory.with_backward(model, batch, weights, batch * per_row + shared)
 
 
 def main() -> None:
@@ -80,7 +80,7 @@ def main() -> None:
                   "whole memory", "ratio", title="composed / whole model")
     ratios = []
     for spec in args.variants:
-        memory._saved_line.cache_clear()
+        memory.saved_line.cache_clear()
         started = time.perf_counter()
         composed = dryrun.measure(spec, exp, device, args.steps, vocabulary)
         spent = time.perf_counter() - started

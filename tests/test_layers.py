@@ -170,3 +170,32 @@ def test_scripts_outside_the_package_import_names_that_exist(folder):
                             for a in node.names if not hasattr(module, a.name)
                             and importlib.util.find_spec(f"{node.module}.{a.name}") is None]
     assert missing == []
+
+
+def private_attributes(path: Path) -> list[str]:
+    """`module._name` uses in a file, where `module` is a relbench module it imported (from relbench.x
+    import y, import relbench.x as y): a private name reached through the module instead of imported."""
+    modules = {module_name(p) for p in PACKAGE.rglob("*.py")}
+    tree = ast.parse(path.read_text())
+    aliases = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "relbench" and not node.level:
+            aliases |= {a.asname or a.name for a in node.names if f"{node.module}.{a.name}" in modules}
+        elif isinstance(node, ast.Import):
+            aliases |= {a.asname for a in node.names if a.asname and a.name.split(".")[0] == "relbench"}
+    return sorted(f"{path.name}:{node.lineno} {node.value.id}.{node.attr}" for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+            and node.attr.startswith("_") and not node.attr.startswith("__"))
+
+
+@pytest.mark.parametrize("folder", ["relbench", "benchmarks"])
+def test_no_private_name_is_reached_through_another_module(folder):
+    found = [hit for path in sorted((PACKAGE.parent / folder).rglob("*.py")) for hit in private_attributes(path)]
+    assert found == []
+
+
+def test_the_private_attribute_check_catches_one(tmp_path):
+    path = tmp_path / "user.py"
+    path.write_text("from relbench.cost import memory\nfrom relbench import stats as s\nmemory._hidden()\ns._T975\n"
+                    "memory.public()\n")
+    assert private_attributes(path) == ["user.py:3 memory._hidden", "user.py:4 s._T975"]

@@ -196,8 +196,8 @@ def test_the_saved_line_composed_from_one_and_two_layers_is_the_deep_models_own(
     gives what probing the whole model gives (bf16 for every other scheme, fp32 for the rest)."""
     precision = "bf16" if positions.names().index(name.split("@")[0].split(":")[0]) % 2 else "fp32"
     model = ModelConfig(vocab_size=1000, d_model=32, n_layers=5, n_heads=2, train_length=64, position=name)
-    weights, *composed = memory._saved_line(json.dumps(dataclasses.asdict(model), sort_keys=True), precision)
-    direct = memory._probe_line(model, precision)
+    weights, *composed = memory.saved_line(json.dumps(dataclasses.asdict(model), sort_keys=True), precision)
+    direct = memory.probe_line(model, precision)
     assert weights == 16 * GPT(model).n_params()
     for got, want in zip(composed, direct):
         assert got == pytest.approx(want, rel=0.01, abs=64)
@@ -212,7 +212,7 @@ def test_the_estimate_leaves_nothing_of_its_probe_alive(precision):
 
     gpt = GPT(ModelConfig(vocab_size=256, d_model=32, n_layers=2, n_heads=2, train_length=16, position="alibi"))
     weight = weakref.ref(gpt.tok.weight)
-    assert memory._saved_bytes(gpt, 2, 16, precision) > 0
+    assert memory.saved_bytes(gpt, 2, 16, precision) > 0
     del gpt
     gc.collect()
     assert weight() is None

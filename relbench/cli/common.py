@@ -1,7 +1,7 @@
 """What every relbench command shares: the app, the console, option types and the checks of
 variants, devices, backends and memory, and how a command reads its experiment. Commands live in
-cli/__init__.py (train, tune-lr, extrapolate, finetune, report, bench) and cli/tools.py (variants,
-presets, profile, inspect)."""
+cli/__init__.py (train, tune-lr, extrapolate, finetune, report, merge), cli/bench.py (bench),
+cli/tools.py (variants, presets, profile, inspect, verify) and cli/scheme.py (check, new-variant)."""
 
 from __future__ import annotations
 

@@ -79,7 +79,7 @@ def _step(model, optimizer, window, device, config) -> tuple[float, float]:
     return backward - started, now() - backward
 
 
-class _Timer:
+class StepTimer:
     """Steps of one small real model (the variant's, at `layers` layers and `vocab` tokens)."""
 
     def __init__(self, model_config, config, device: torch.device, layers: int, vocab: int):
@@ -144,11 +144,11 @@ def vocabulary_seconds(exp: Experiment, device: torch.device, steps: int = DRY_S
         return 0.0, 0.0
     config = dataclasses.replace(exp.train, position_lr_scale=1.0)
     length = min(model_config.train_length, VOCABULARY_LENGTH)
-    full = _Timer(model_config, config, device, 1, model_config.vocab_size)
+    full = StepTimer(model_config, config, device, 1, model_config.vocab_size)
     micro = full.warm(model_config, length)
     (large,) = full.cost(micro, length, steps, (1,))
     del full
-    small = _Timer(model_config, config, device, 1, memory.PROBE_VOCAB)
+    small = StepTimer(model_config, config, device, 1, memory.PROBE_VOCAB)
     small.warm(model_config, length, micro)
     (base,) = small.cost(micro, length, steps, (1,))
     fixed, per_token = (max(0.0, a - b) for a, b in zip(large, base))
@@ -163,7 +163,7 @@ def measure(spec: str, exp: Experiment, device: torch.device, steps: int = DRY_S
     model_config = dataclasses.replace(exp.model, position=spec, attention=exp.train.attention)
     config = dataclasses.replace(exp.train, position_lr_scale=position_lr(spec, exp.train)[0])
     layers, length = model_config.n_layers, model_config.train_length
-    timer = _Timer(model_config, config, device, min(2, layers), min(model_config.vocab_size, memory.PROBE_VOCAB))
+    timer = StepTimer(model_config, config, device, min(2, layers), min(model_config.vocab_size, memory.PROBE_VOCAB))
     micro = timer.warm(model_config, length)
     timed = timer.cost(micro, length, steps, (1, 2) if layers > 1 else (1,))
     one, two = timed[0], timed[-1]

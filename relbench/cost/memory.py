@@ -164,17 +164,17 @@ def training_bytes(model: ModelConfig, batch_size: int, precision: str = "fp32")
     holds) and constants (k). tests/test_memory.py checks the estimate against the measured peak of
     real steps (vocabularies 256 to 50,257, fp32 and bf16, three attention paths). The probed
     models are the scheme's at one and two layers with a small vocabulary, and the vocabulary's
-    share is probed once (_saved_line: the configured model is never built). The probes run once
+    share is probed once (saved_line: the configured model is never built). The probes run once
     per model and precision (a batch is then a line)."""
-    weights, per_row, shared = _saved_line(json.dumps(dataclasses.asdict(model), sort_keys=True), precision)
-    return _with_backward(model, batch_size, weights, batch_size * per_row + shared)
+    weights, per_row, shared = saved_line(json.dumps(dataclasses.asdict(model), sort_keys=True), precision)
+    return with_backward(model, batch_size, weights, batch_size * per_row + shared)
 
 
-PROBE_VOCAB = 256   # the vocabulary of the per-layer probes (see _saved_line)
+PROBE_VOCAB = 256   # the vocabulary of the per-layer probes (see saved_line)
 
 
 @functools.lru_cache(maxsize=64)
-def _saved_line(model_json: str, precision: str) -> tuple[float, float, float]:
+def saved_line(model_json: str, precision: str) -> tuple[float, float, float]:
     """(weights and optimiser state, saved bytes per sequence, saved bytes shared by the batch) of
     a model (its ModelConfig as JSON) at its training length: saved(B) is linear in B.
 
@@ -188,7 +188,7 @@ def _saved_line(model_json: str, precision: str) -> tuple[float, float, float]:
     model = ModelConfig(**json.loads(model_json))
     weights = FLOAT * 4 * parameter_count(model)
     if model.n_layers <= 2 and model.vocab_size <= PROBE_VOCAB:
-        return (weights, *_probe_line(model, precision))
+        return (weights, *probe_line(model, precision))
     small = dataclasses.replace(model, vocab_size=min(model.vocab_size, PROBE_VOCAB), n_layers=min(2, model.n_layers))
     one, two = _probe_lines(small, precision, (1, small.n_layers))
     vocabulary = (_vocabulary_line(_reference_json(model), precision) if model.vocab_size > PROBE_VOCAB
@@ -207,19 +207,19 @@ def _reference_json(model: ModelConfig) -> str:
 def _vocabulary_line(reference_json: str, precision: str) -> tuple[float, float]:
     """The saved bytes (per sequence, shared) that the model's vocabulary adds to PROBE_VOCAB's."""
     reference = ModelConfig(**json.loads(reference_json))
-    full = _probe_line(reference, precision)
-    small = _probe_line(dataclasses.replace(reference, vocab_size=PROBE_VOCAB), precision)
+    full = probe_line(reference, precision)
+    small = probe_line(dataclasses.replace(reference, vocab_size=PROBE_VOCAB), precision)
     return full[0] - small[0], full[1] - small[1]
 
 
-def _probe_line(model: ModelConfig, precision: str) -> tuple[float, float]:
+def probe_line(model: ModelConfig, precision: str) -> tuple[float, float]:
     """(saved bytes per sequence, saved bytes shared by the batch) of the real model `model`, built
     and probed at three short lengths and two batch sizes (see training_bytes)."""
     return _probe_lines(model, precision, (model.n_layers,))[0]
 
 
 def _probe_lines(model: ModelConfig, precision: str, layers: tuple[int, ...]) -> list[tuple[float, float]]:
-    """_probe_line of `model` with each number of layers in `layers` (at most model.n_layers): one
+    """probe_line of `model` with each number of layers in `layers` (at most model.n_layers): one
     model is built, and its first blocks stand for the shallower ones."""
     from relbench.model import GPT
 
@@ -250,7 +250,7 @@ def _fit_line(gpt, model: ModelConfig, backend: str, precision: str) -> tuple[fl
 
     per_sequence, whole = [], []
     for length in lengths:
-        one, two = (_saved_bytes(gpt, batch, length, precision) for batch in (1, 2))
+        one, two = (saved_bytes(gpt, batch, length, precision) for batch in (1, 2))
         per_sequence.append(two - one)                    # a L + b P(L)
         whole.append(2 * one - two)                       # c P(L) + e L + k
     if len(lengths) == 1:                                 # too short to separate L from L^2: scale by B alone
@@ -271,7 +271,7 @@ def _fit_line(gpt, model: ModelConfig, backend: str, precision: str) -> tuple[fl
     return a * length + b * target, c * target + e * length + k
 
 
-def _with_backward(model: ModelConfig, batch_size: int, weights: float, saved: float) -> int:
+def with_backward(model: ModelConfig, batch_size: int, weights: float, saved: float) -> int:
     """Weights and optimiser state, the saved tensors, and what backward adds at its peak."""
     logits = FLOAT * batch_size * model.train_length * model.vocab_size
     layers = max(0.0, saved - 2 * logits)     # the saved tensors of the blocks, not of the loss
@@ -306,7 +306,7 @@ def training_backend(model: ModelConfig, precision: str) -> str:
     return choose(enc.plan(2, 2, q, q, x) if enc.adds_bias else None, q, model.train_length, grad=True)
 
 
-def _saved_bytes(gpt, batch: int, length: int, precision: str) -> int:
+def saved_bytes(gpt, batch: int, length: int, precision: str) -> int:
     """Bytes of the distinct storages autograd saves for backward in one forward and loss
     (parameters excluded: they are counted with their optimiser state)."""
     import torch.nn.functional as F

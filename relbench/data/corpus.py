@@ -238,7 +238,7 @@ def hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def _go_offline() -> None:
+def go_offline() -> None:
     """Make huggingface_hub and datasets use their local cache only (no retries for minutes)."""
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["HF_DATASETS_OFFLINE"] = "1"
@@ -254,7 +254,7 @@ def _hub(dataset: str) -> Source:
     name, _, config = dataset.partition(":")
     online = hub_reachable()
     if not online:
-        _go_offline()
+        go_offline()
     import datasets
 
     try:

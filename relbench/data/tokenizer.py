@@ -215,7 +215,7 @@ def from_hub(name: str) -> ByteLevelTokenizer:
 
     online = corpus.hub_reachable()
     if not online:
-        corpus._go_offline()
+        corpus.go_offline()
     from huggingface_hub import hf_hub_download
 
     try:

@@ -202,7 +202,7 @@ def git_commit() -> str | None:
         return None
 
 
-CPU_FEATURES = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")   # what decides CPU attention speed (PERF_NOTES)
+CPU_FEATURES = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")   # what decides CPU attention speed (docs/performance.md)
 
 
 def cpu_name(cpuinfo: str | None = None) -> str:
