@@ -198,8 +198,8 @@ def decided_fraction(comparisons: list[Comparison]) -> float:
 
 def letters(means: dict[str, float], different: set[frozenset[str]]) -> dict[str, str]:
     """A compact letter display (insert and absorb, Piepho 2004): schemes that share a letter are not
-    in `different` (pairs shown different); every different pair shares none. Letters go in order
-    of the best mean in each group: "a" holds the highest."""
+    in `different` (pairs shown different); every different pair shares none. Letters go in the order
+    the groups are met reading the schemes by mean, highest first: "a" holds the highest."""
     names = list(means)
     groups: list[set[str]] = [set(names)] if names else []
     for pair in different:
@@ -212,7 +212,8 @@ def letters(means: dict[str, float], different: set[frozenset[str]]) -> dict[str
                 split.append(group)
         groups = [g for k, g in enumerate(split)               # absorb: drop a group inside another
                   if g and not any(k != m and (g < h or (g == h and m < k)) for m, h in enumerate(split))]
-    groups.sort(key=lambda g: (-max(means[n] for n in g), min(names.index(n) for n in g)))
+    rank = {n: i for i, n in enumerate(sorted(names, key=lambda n: (-means[n], names.index(n))))}
+    groups.sort(key=lambda g: sorted(rank[n] for n in g))   # read down the table by mean: letters in order
     alphabet = "abcdefghijklmnopqrstuvwxyz"
     out = dict.fromkeys(names, "")
     for k, group in enumerate(groups):

@@ -145,7 +145,8 @@ def mean_cell(values: dict[int, float]) -> str:
 def tier_table(decisions: Decisions, reaches: dict[str, Reach]) -> tuple[list[str], list[list[str]]]:
     """The result's answer, tiers first: per scheme its tier on the summary number (schemes that share a
     letter are not shown different), the summary number's mean and 95% interval over the learned seeds,
-    the seeds that learned, and reach. Rows in tier order; the schemes with no tier last."""
+    the seeds that learned, and reach. Rows by mean, highest first (the letters, not the order, say what
+    is separated); the schemes with no tier last."""
     top = decisions.summary
     header = ["variant", "tier", f"{summary_label(decisions)} (over learned seeds)", "learned", "reach"]
     rows = []
@@ -155,7 +156,7 @@ def tier_table(decisions: Decisions, reaches: dict[str, Reach]) -> tuple[list[st
         reach = str(r.reach) if r.reach is not None else ("-" if not r.competent else f"< {min(r.accuracy)}")
         mean = summarize(list(values.values())).mean if values else math.nan
         lettered = variant in (top.tiers if top else {})
-        order = (not lettered, tier if lettered else "", -mean if mean == mean else math.inf)
+        order = (not lettered, -mean if mean == mean else math.inf)
         rows.append((order, [variant, tier, mean_cell(values) if values else "-",
                              f"{len(r.learned_seeds)}/{len(r.seeds)}", reach]))
     rows.sort(key=lambda row: row[0])
