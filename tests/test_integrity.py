@@ -7,23 +7,14 @@ import shutil
 
 import pytest
 from test_cli import assert_one_line_error, run
+from test_fault_table import trained  # noqa: F401  (the fixture: a tiny trained and evaluated run)
 
 from relbench.runs import checkpoints, results
 
-TINY = ["--preset", "tiny", "--variants", "alibi"]
-
-
-@pytest.fixture(scope="module")
-def made(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("run")
-    assert run("train", *TINY, "--run-dir", folder).exit_code == 0
-    assert run("extrapolate", "--run-dir", folder, "--lengths", 32).exit_code == 0
-    return folder
-
 
 @pytest.fixture
-def copy(made, tmp_path):
-    shutil.copytree(made, tmp_path / "run")
+def copy(trained, tmp_path):  # noqa: F811  (the fixture imported above)
+    shutil.copytree(trained, tmp_path / "run")
     return tmp_path / "run"
 
 
@@ -86,13 +77,13 @@ def test_a_damaged_config_says_to_restore_it_not_to_delete_it(copy):
     assert "delete it" not in done.output
 
 
-def test_merge_refuses_a_truncated_checkpoint_and_writes_nothing(made, tmp_path):
+def test_merge_refuses_a_truncated_checkpoint_and_writes_nothing(trained, tmp_path):  # noqa: F811
     source = tmp_path / "source"
     assert run("train", "--preset", "tiny", "--variants", "xl", "--run-dir", source).exit_code == 0
     model = results.checkpoint_dir(source, "xl", 0) / checkpoints.MODEL_FILE
     model.write_bytes(model.read_bytes()[:100])
     target = tmp_path / "target"
-    shutil.copytree(made, target)
+    shutil.copytree(trained, target)
     before = {p: p.read_bytes() for p in target.rglob("*") if p.is_file() and not p.name.startswith(".lock")}
     done = run("merge", source, "--run-dir", target)
     assert_one_line_error(done, 1, "corrupt or truncated", "nothing was written")

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from relbench.cli import app
 from relbench.errors import UsageError
 from relbench.evaluation.extrapolate import result_tables
-from relbench.runs import results
+from relbench.runs import machine, results
 from relbench.runs.merge import merge_runs
 
 runner = CliRunner()
@@ -191,14 +191,14 @@ def test_a_forced_evaluation_replaces_its_position_bins(workers, tmp_path):
 def test_the_environment_names_the_cpu_and_its_attention_features():
     """config.json's environment names the machine a run's figures came from: the CPU's model and
     which of AVX2, AVX-512, AVX-512-BF16 and AMX it has (the attention speed depends on them)."""
-    from relbench.runs.results import cpu_name
+    from relbench.runs.machine import cpu_name
 
     info = ("processor\t: 0\nmodel name\t: AMD EPYC 9R14\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 sha_ni\n"
             "processor\t: 1\nmodel name\t: AMD EPYC 9R14\n")
     assert cpu_name(info) == "AMD EPYC 9R14; avx2 avx512f avx512_bf16"
     assert cpu_name("model name\t: Old Core i5\nflags\t\t: fpu sse2 avx\n") == "Old Core i5"
     assert cpu_name("flags\t\t: avx2\n").endswith("; avx2")
-    assert "cpu" in results.environment("cpu")
+    assert "cpu" in machine.environment("cpu")
 
 
 def test_merge_folds_only_the_seeds_and_variants_named(workers, tmp_path):

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
+from relbench.config import run_data
 from relbench.evaluation import reach as reach_module
-from relbench.runs import results
+from relbench.runs import machine, results
 from relbench.stats import summarize
 
 
@@ -260,3 +262,29 @@ def headline(run_dir: Path, config: dict, summary: pd.DataFrame | None,
     if retrieval_dir is None and lm_variants:
         notes.append("No retrieval track in this run (`relbench bench --track all` adds it): reach is not measured.")
     return header, body, notes
+
+
+def describe_run(config: dict[str, Any]) -> list[str]:
+    env = config.get("environment", {})
+    model, train = config["model"], config["train"]
+    seeds = config.get("seeds", [train.get("seed", 0)])
+    return [
+        f"Preset `{config.get('preset')}`: d_model {model['d_model']}, {model['n_layers']} layers, "
+        f"{model['n_heads']} heads, trained at length {model['train_length']} for {train['steps']} steps "
+        f"of {train['batch_size']} sequences ({train.get('precision', 'fp32')}), seeds {', '.join(map(str, seeds))}, "
+        f"on {config.get('dataset_description', run_data(config).dataset)}, tokenizer {run_data(config).tokenizer} "
+        f"(vocabulary {model.get('vocab_size', 256):,}).",
+        "Each perplexity table names its protocol: the mode, and the scored tokens (the same at every length) "
+        "in segments spread over the whole test split.",
+        f"Machine: {machine.describe_environment(env)}.",
+        *[f"Folded in (`relbench merge`) from {entry.get('run', '?')}: {', '.join(entry.get('variants', []))}, seeds "
+          f"{', '.join(map(str, entry.get('seeds', [])))}, trained on "
+          f"{machine.describe_environment(entry.get('environment', {}))}."
+          for entry in config.get("merged_from", [])],
+        *([f"Placed against the panel {config['against'].get('panel', '?')} (`relbench bench --against`): its "
+           f"{', '.join(config['against'].get('variants', []))}, seeds "
+           f"{', '.join(map(str, config['against'].get('seeds', [])))}, were trained on "
+           f"{machine.describe_environment(config['against'].get('environment', {}))}; the other variants here on the "
+           f"machine above. A CPU's float order moves single runs, so a host is one more source of spread."]
+          if config.get("against") else []),
+    ]

@@ -19,11 +19,10 @@ from rich.console import Console
 from rich.table import Table
 
 from relbench.comparisons import MARGIN
-from relbench.config import run_data
 from relbench.errors import RelbenchError
-from relbench.evaluation import decisions
 from relbench.evaluation import reach as reach_module
 from relbench.evaluation.summaries import recorded_summary
+from relbench.reporting import overview, tiers
 from relbench.runs import results
 from relbench.stats import summarize, unresolved
 from relbench.training import finetune
@@ -272,18 +271,6 @@ TASK_TABLES = (("copy.csv", "Copy distance: loss with an earlier copy of the tex
                                "90% or more"),
                ("mqar.csv", "MQAR accuracy (all queries pooled; mean over the seeds that learned, per seed in "
                             "brackets; one learned seed: its Wilson 95% interval), and reach: the longest length at 90% or more"))
-def tier_title(decided: decisions.Decisions) -> str:
-    return (f"{decided.task}: tiers on the {decisions.summary_label(decided)} over the seeds that learned (schemes "
-            f"that share a letter are not shown different: paired t-tests by seed, Holm-corrected at "
-            f"{decided.alpha:.0%}); the mean with its 95% interval over seeds")
-
-
-def decided_title(decided: decisions.Decisions) -> str:
-    return (f"{decided.task}: what the seeds decide, per length (different: Holm-corrected paired t-test at "
-            f"{decided.alpha:.0%}; equivalent: the 95% interval of the difference within +-{decided.margin:.0%}; "
-            f"untested: fewer than two seeds learned in common)")
-
-
 HEADLINE_TITLE = ("Headline: does a model that uses its context at the training length still use it longer, "
                   "and at what cost")
 
@@ -293,8 +280,6 @@ def render(run_dir: Path, console: Console, plots: bool = True, margin: float = 
     (`<task>_comparisons.csv`, equivalence within +-`margin`) and the plots (PNG). A retrieval task's
     tiers come first."""
     from relbench.cost.profiling import PROFILE_CSV
-    from relbench.reporting import overview
-
     run_dir = Path(run_dir)
     has_rows = (run_dir / results.EXTRAPOLATION_CSV).is_file()
     has_profile = (run_dir / PROFILE_CSV).is_file()
@@ -337,18 +322,9 @@ def render(run_dir: Path, console: Console, plots: bool = True, margin: float = 
         else:
             found = reach_module.run_reach(run_dir, name)
             if found:
-                task = name.split(".")[0]
-                sections.append((title, *reach_module.reach_table(found, task)))
-                decided = decisions.decide(found, task, int(config["model"]["train_length"]), margin)
-                if decided.summary is not None:
-                    tiered.append((tier_title(decided), *decisions.tier_table(decided, found)))
-                    sections.append((decided_title(decided), *decisions.decided_table(decided)))
-                    pairs = decisions.open_pairs_table(decided)
-                    if pairs is not None:
-                        sections.append((f"{task}: pairs not separated on the {decisions.summary_label(decided)}, "
-                                         "largest difference first", *pairs))
-                    written[f"{task}_comparisons"] = run_dir / f"{task}_comparisons.csv"
-                    results.write_csv(written[f"{task}_comparisons"], decisions.comparison_rows(decided))
+                sections.append((title, *reach_module.reach_table(found, name.split(".")[0])))
+                tiers.add_sections(run_dir, found, name.split(".")[0], int(config["model"]["train_length"]), margin,
+                                   tiered, sections, written)
     sections[:0] = tiered
     if has_rows:
         sections.append(("Cost per layer, batch 1: building the position terms / attention (ms)", *cost_table(rows, config)))
@@ -379,7 +355,7 @@ def markdown(config: dict[str, Any], rows: pd.DataFrame | None, summary: pd.Data
              figures: dict[str, Path], run_dir: Path, notes: list[str] | None = None) -> str:
     lines = ["# relbench report"]
     if config:
-        lines += ["", *describe_run(config)]
+        lines += ["", *overview.describe_run(config)]
     if rows is not None:
         if summary is not None and summary["n_seeds"].max() > 1:
             lines += ["", "Cells: mean perplexity over seeds ± half-width of its 95% interval (Student's t), "
@@ -405,29 +381,3 @@ def markdown(config: dict[str, Any], rows: pd.DataFrame | None, summary: pd.Data
         lines += ["", "## Not evaluated", ""]
         lines += [f"- {r.variant} at {r.length}: {r.status} ({r.message})" for r in notes.itertuples()]
     return "\n".join(lines) + "\n"
-
-
-def describe_run(config: dict[str, Any]) -> list[str]:
-    env = config.get("environment", {})
-    model, train = config["model"], config["train"]
-    seeds = config.get("seeds", [train.get("seed", 0)])
-    return [
-        f"Preset `{config.get('preset')}`: d_model {model['d_model']}, {model['n_layers']} layers, "
-        f"{model['n_heads']} heads, trained at length {model['train_length']} for {train['steps']} steps "
-        f"of {train['batch_size']} sequences ({train.get('precision', 'fp32')}), seeds {', '.join(map(str, seeds))}, "
-        f"on {config.get('dataset_description', run_data(config).dataset)}, tokenizer {run_data(config).tokenizer} "
-        f"(vocabulary {model.get('vocab_size', 256):,}).",
-        "Each perplexity table names its protocol: the mode, and the scored tokens (the same at every length) "
-        "in segments spread over the whole test split.",
-        f"Machine: {results.describe_environment(env)}.",
-        *[f"Folded in (`relbench merge`) from {entry.get('run', '?')}: {', '.join(entry.get('variants', []))}, seeds "
-          f"{', '.join(map(str, entry.get('seeds', [])))}, trained on "
-          f"{results.describe_environment(entry.get('environment', {}))}."
-          for entry in config.get("merged_from", [])],
-        *([f"Placed against the panel {config['against'].get('panel', '?')} (`relbench bench --against`): its "
-           f"{', '.join(config['against'].get('variants', []))}, seeds "
-           f"{', '.join(map(str, config['against'].get('seeds', [])))}, were trained on "
-           f"{results.describe_environment(config['against'].get('environment', {}))}; the other variants here on the "
-           f"machine above. A CPU's float order moves single runs, so a host is one more source of spread."]
-          if config.get("against") else []),
-    ]
