@@ -137,6 +137,37 @@ def merge_runs(target: Path, sources: list[Path], tables: dict[str, list[str]], 
     a group that goes whole; evaluation.extrapolate.result_tables() gives every table relbench
     writes); with `seeds` or `variants`, only theirs. Every check comes before the first write."""
     target, sources = Path(target), [Path(s) for s in sources]
+    configs, config, fresh = _check_sources(target, sources)
+    conflicts: list[str] = []
+    merged = Merged()
+    folded, curves = _fold_tables(target, sources, {results.TRAIN_CSV: TRAIN_KEY, **tables}, replace, seeds, variants,
+                                  merged, conflicts)
+    copies = _checkpoint_copies(target, sources, replace, seeds, variants, conflicts)
+    if conflicts:
+        shown = "; ".join(conflicts[:3]) + (f"; and {len(conflicts) - 3} more" if len(conflicts) > 3 else "")
+        raise UsageError(f"{target} and the runs to fold in disagree: {shown}. Nothing was written; pass --replace "
+                         f"to keep the folded runs' rows and checkpoints")
+    plugins = config.get("plugins", [])
+    for source, theirs in zip(sources, configs):
+        plugins = _same_plugins(plugins, theirs.get("plugins", []), str(source))
+
+    # the writes: checkpoints, then tables, then config.json (which says what the run holds)
+    target.mkdir(parents=True, exist_ok=True)
+    for checkpoint, there in copies:
+        if there.exists():
+            shutil.rmtree(there)
+        shutil.copytree(checkpoint, there)
+        merged.checkpoints.append(checkpoint.name)
+    for name, table in folded.items():
+        results.write_csv(target / name, table)
+    config = _merged_config(config, fresh, sources, configs, curves, plugins)
+    results.write_config(target, config, _description(target if not fresh else sources[0]))
+    return merged
+
+
+def _check_sources(target: Path, sources: list[Path]) -> tuple[list[dict[str, Any]], dict[str, Any], bool]:
+    """The sources' configs, the target's (the first source's when the target is new) and whether it is
+    new, once every source is a run of the target's configuration and not the target itself."""
     if not sources:
         raise UsageError("relbench merge needs at least one run to fold in; name its folder")
     for source in sources:
@@ -153,12 +184,18 @@ def merge_runs(target: Path, sources: list[Path], tables: dict[str, list[str]], 
             what = " and ".join(differs) or "tokenizer"
             raise UsageError(f"{source} holds a run with a different {what} configuration than {target}; "
                              f"only runs of one configuration merge")
+    return configs, config, fresh
 
-    conflicts: list[str] = []
+
+def _fold_tables(target: Path, sources: list[Path], keys: dict[str, list[str]], replace: bool,
+                 seeds: list[int] | None, variants: list[str] | None, merged: Merged,
+                 conflicts: list[str]) -> tuple[dict[str, pd.DataFrame], dict[Path, pd.DataFrame]]:
+    """Each table of `keys` (name: its key) with the sources' chosen rows folded in, for the tables that
+    changed, and each source's train.csv as read for the fold; counts go to `merged`, conflicts are
+    appended. Nothing is written."""
     folded: dict[str, pd.DataFrame] = {}
     curves: dict[Path, pd.DataFrame] = {}     # each source's train.csv, as read for the fold
-    merged = Merged()
-    for name, key in {results.TRAIN_CSV: TRAIN_KEY, **tables}.items():
+    for name, key in keys.items():
         path = target / name
         table = results.read_csv(path) if path.is_file() else pd.DataFrame()
         changed = False
@@ -174,6 +211,13 @@ def merge_runs(target: Path, sources: list[Path], tables: dict[str, list[str]], 
             changed |= bool(added or replaced)
         if changed:
             folded[name] = table
+    return folded, curves
+
+
+def _checkpoint_copies(target: Path, sources: list[Path], replace: bool, seeds: list[int] | None,
+                       variants: list[str] | None, conflicts: list[str]) -> list[tuple[Path, Path]]:
+    """(checkpoint folder, where it goes) for every chosen checkpoint the target lacks or holds
+    differently (those only with `replace`; otherwise a conflict is appended); a damaged one raises."""
     copies: list[tuple[Path, Path]] = []
     for source in sources:
         folder = source / "checkpoints"
@@ -192,23 +236,13 @@ def merge_runs(target: Path, sources: list[Path], tables: dict[str, list[str]], 
                                     f"(relbench train --run-dir {source} --force with its variant and seed) or delete "
                                     f"{checkpoint} there")
             copies.append((checkpoint, there))
-    if conflicts:
-        shown = "; ".join(conflicts[:3]) + (f"; and {len(conflicts) - 3} more" if len(conflicts) > 3 else "")
-        raise UsageError(f"{target} and the runs to fold in disagree: {shown}. Nothing was written; pass --replace "
-                         f"to keep the folded runs' rows and checkpoints")
-    plugins = config.get("plugins", [])
-    for source, theirs in zip(sources, configs):
-        plugins = _same_plugins(plugins, theirs.get("plugins", []), str(source))
+    return copies
 
-    # the writes: checkpoints, then tables, then config.json (which says what the run holds)
-    target.mkdir(parents=True, exist_ok=True)
-    for checkpoint, there in copies:
-        if there.exists():
-            shutil.rmtree(there)
-        shutil.copytree(checkpoint, there)
-        merged.checkpoints.append(checkpoint.name)
-    for name, table in folded.items():
-        results.write_csv(target / name, table)
+
+def _merged_config(config: dict[str, Any], fresh: bool, sources: list[Path], configs: list[dict[str, Any]],
+                   curves: dict[Path, pd.DataFrame], plugins: list[dict[str, Any]]) -> dict[str, Any]:
+    """The target's config.json after the fold: the variants and seeds the sources hold added, each
+    source recorded in `merged_from`, the plugins and the sources' fine-tuning records."""
     variants = list(config.get("variants", [])) if not fresh else []
     seeds = set(config.get("seeds", [])) if not fresh else set()
     history = list(config.get("merged_from", []))
@@ -226,8 +260,7 @@ def merge_runs(target: Path, sources: list[Path], tables: dict[str, list[str]], 
         finetune.update(theirs.get("finetune", {}))
     if finetune:
         config["finetune"] = finetune
-    results.write_config(target, config, _description(target if not fresh else sources[0]))
-    return merged
+    return config
 
 
 def _in_field_order(config: dict[str, Any]) -> dict[str, Any]:
