@@ -160,53 +160,85 @@ def measure(spec: str) -> tuple[dict[str, bool], list[str]]:
     facts["distance_only"] = torch.allclose(b1[..., 1:, 1:], b1[..., :-1, :-1], rtol=0, atol=1e-6)
     if plan.distance_only and not facts["distance_only"]:
         problems.append("plan.distance_only on a bias that is not Toeplitz (split reuses one tile)")
-    # linear: bias == -s_h (i - j) on every causal pair, one slope per head (read at distance 1)
-    distance = (torch.arange(k_len - q_len, k_len)[:, None] - torch.arange(k_len)[None, :]).float()
+    facts["linear"] = measured_linear(plan, b1, problems)
+    facts["separable"] = measured_separable(plan, b1, problems)
+    if facts["key_dependent"] or facts["input_dependent"]:
+        # any horizon is the data's, not the scheme's (measured_plan_horizon says why)
+        if plan.horizon is not None:
+            problems.append(f"a data-dependent plan names horizon {plan.horizon}")
+    else:
+        facts["has_horizon"] = measured_plan_horizon(enc, problems)
+    facts["has_score_mod"] = plan.has_score_mod
+    if plan.has_score_mod and not score_mod_matches(plan, b1):
+        problems.append("score_mod is not the plan's bias")
+    return facts, problems
+
+
+def causal_distances(q_len: int = RECT[0], k_len: int = RECT[1]) -> torch.Tensor:
+    """(q_len, k_len) float distances i - j of the last q_len queries to every key (>= 0: causal)."""
+    return (torch.arange(k_len - q_len, k_len)[:, None] - torch.arange(k_len)[None, :]).float()
+
+
+def measured_linear(plan, b1: torch.Tensor, problems: list[str]) -> bool:
+    """Whether the bias `b1` of `plan` (on the RECT rectangle) is -s_h (i - j) on every causal pair,
+    one slope per head (read at distance 1); where plan.linear_slopes disagree, a problem is appended."""
+    q_len, k_len = RECT
+    distance = causal_distances()
     causal = distance >= 0
     rows = torch.arange(q_len)
     slope = -b1[..., rows, rows + k_len - q_len - 1].reshape(-1, H, q_len)        # (B or 1, H, q)
     same_slope = torch.allclose(slope, slope[:1, :, :1].expand_as(slope))
     residual = b1 + slope.reshape(*b1.shape[:-1], 1) * distance
-    facts["linear"] = same_slope and torch.allclose(residual[..., causal], torch.zeros(()), rtol=0, atol=1e-5)
-    if (plan.linear_slopes is not None) != facts["linear"]:
-        problems.append(f"plan.linear_slopes is {plan.linear_slopes} on a bias with linear={facts['linear']}")
+    linear = same_slope and torch.allclose(residual[..., causal], torch.zeros(()), rtol=0, atol=1e-5)
+    if (plan.linear_slopes is not None) != linear:
+        problems.append(f"plan.linear_slopes is {plan.linear_slopes} on a bias with linear={linear}")
     elif plan.linear_slopes is not None and not torch.allclose(
             (-plan.linear_slopes[:, None, None] * distance).expand_as(b1)[..., causal], b1[..., causal]):
         problems.append("plan.linear_slopes are not the bias's slopes (split-linear uses them)")
-    # separable: bias = r(i) + c(j) on causal pairs with c not constant (a constant bias needs no
-    # split): r from key 0 (before every query), c from the last row (after every key)
+    return linear
+
+
+def measured_separable(plan, b1: torch.Tensor, problems: list[str]) -> bool:
+    """Whether the bias `b1` of `plan` (on the RECT rectangle) is r(i) + c(j) on causal pairs with c not
+    constant (a constant bias needs no split): r from key 0 (before every query), c from the last row
+    (after every key). Where plan.separable or plan.key_terms disagree, problems are appended."""
+    q_len, k_len = RECT
+    causal = causal_distances() >= 0
     r, c = b1[..., :, :1], b1[..., -1:, :] - b1[..., -1:, :1]
     atol = 1e-6 * (10 + float(b1[..., causal].abs().amax().detach()))     # r + c rounds at the scale of the largest term
-    facts["separable"] = (torch.allclose((r + c).expand_as(b1)[..., causal], b1[..., causal], rtol=0, atol=atol)
-                          and bool((c - c[..., :1]).abs().amax() > 1e-4))
-    if plan.separable != facts["separable"]:
-        problems.append(f"plan.separable is {plan.separable} on a bias with separable={facts['separable']}")
+    separable = (torch.allclose((r + c).expand_as(b1)[..., causal], b1[..., causal], rtol=0, atol=atol)
+                 and bool((c - c[..., :1]).abs().amax() > 1e-4))
+    if plan.separable != separable:
+        problems.append(f"plan.separable is {plan.separable} on a bias with separable={separable}")
     elif plan.separable:
         for anchor in (0, k_len - q_len, k_len - 2):   # the key terms the split-linear path reads, any anchor
             expected = b1[..., -1, :] - b1[..., -1, anchor:anchor + 1]
             if not torch.allclose(plan.key_terms(anchor, k_len).expand_as(expected), expected, rtol=0, atol=atol):
                 problems.append(f"plan.key_terms({anchor}) are not the bias's per-key terms")
-    # horizon: measured at a long length (> 2x t5-log2's 1024): every row constant from h <= LONG/2;
-    # the plan must name such a horizon then (and no horizon otherwise), with tail() the constant.
-    # Where keys or the layer input move the bias (CoPE's counts saturate at p_max only where the
-    # gates add up), any horizon is the data's, not the scheme's: the split path needs one fixed for
-    # every input, so such a plan names none, and one random input cannot show there is none
-    if facts["key_dependent"] or facts["input_dependent"]:
-        if plan.horizon is not None:
-            problems.append(f"a data-dependent plan names horizon {plan.horizon}")
-    else:
-        long_plan = enc.plan(LONG, LONG, queries(LONG, 6))
-        horizon, tail_ok = measured_horizon(long_plan, LONG)
-        facts["has_horizon"] = horizon <= LONG // 2
-        plan_horizon = long_plan.horizon is not None and horizon <= long_plan.horizon <= LONG // 2
-        if plan_horizon != facts["has_horizon"] or not tail_ok:
-            problems.append(f"plan horizon {long_plan.horizon} (tail right: {tail_ok}), measured {horizon}")
-    # score_mod: a plan that has one computes the same bias with it
-    facts["has_score_mod"] = plan.has_score_mod
-    if plan.has_score_mod:
-        index = [torch.arange(n).view([-1 if d == axis else 1 for d in range(4)])
-                 for axis, n in enumerate((2, H, q_len, k_len))]
-        modded = plan.score_mod()(torch.zeros(2, H, q_len, k_len), *index)
-        if not torch.allclose(modded[..., causal], b1.expand_as(modded)[..., causal], rtol=1e-5, atol=1e-5):
-            problems.append("score_mod is not the plan's bias")
-    return facts, problems
+    return separable
+
+
+def measured_plan_horizon(enc: PositionEncoding, problems: list[str]) -> bool:
+    """has_horizon, measured at a long length (> 2x t5-log2's 1024): every row constant from h <= LONG/2;
+    the plan must name such a horizon then (and no horizon otherwise), with tail() the constant, or a
+    problem is appended. Only for a bias that neither keys nor the layer input move: where they do
+    (CoPE's counts saturate at p_max only where the gates add up), any horizon is the data's, not the
+    scheme's: the split path needs one fixed for every input, so such a plan names none, and one
+    random input cannot show there is none."""
+    long_plan = enc.plan(LONG, LONG, queries(LONG, 6))
+    horizon, tail_ok = measured_horizon(long_plan, LONG)
+    has_horizon = horizon <= LONG // 2
+    plan_horizon = long_plan.horizon is not None and horizon <= long_plan.horizon <= LONG // 2
+    if plan_horizon != has_horizon or not tail_ok:
+        problems.append(f"plan horizon {long_plan.horizon} (tail right: {tail_ok}), measured {horizon}")
+    return has_horizon
+
+
+def score_mod_matches(plan, b1: torch.Tensor) -> bool:
+    """Whether the plan's score_mod computes its bias `b1` (on the RECT rectangle) on every causal pair."""
+    q_len, k_len = RECT
+    causal = causal_distances() >= 0
+    index = [torch.arange(n).view([-1 if d == axis else 1 for d in range(4)])
+             for axis, n in enumerate((2, H, q_len, k_len))]
+    modded = plan.score_mod()(torch.zeros(2, H, q_len, k_len), *index)
+    return torch.allclose(modded[..., causal], b1.expand_as(modded)[..., causal], rtol=1e-5, atol=1e-5)
