@@ -85,15 +85,10 @@ def bench_command(
     use_plugins(plugin)
     results.check_folder(run_dir)
     if against is not None:
-        given = {"--track": track != "all", "--retrieval-config": retrieval_config is not None, "--lengths": bool(lengths)}
-        for option, set_ in given.items():
-            if set_:
-                raise UsageError(f"--against {against} measures under the panel's protocol; {option} would change it")
+        refuse_protocol_options(against, track, retrieval_config, lengths)
         bench_against(against, variants, preset, config, run_dir, overrides_of(position_lr_scale, tokenizer,
                       max_train_tokens), device, log, jobs)
         return
-    from relbench.reporting.overview import RETRIEVAL_TRACK
-
     if track not in TRACKS:
         raise unknown("track", track, list(TRACKS))
     if retrieval_config is not None and track != "all":
@@ -101,6 +96,27 @@ def bench_command(
                          "the file as --config")
     data = {"tokenizer": tokenizer, "max_train_tokens": max_train_tokens}
     overrides = position_lr_overrides(position_lr_scale)
+    runs = track_runs(track, variants, preset, config, retrieval_config, run_dir, overrides, data)
+    announce(runs, device, jobs)
+    run_tracks(runs, track, lengths, device, log, jobs)
+
+
+def refuse_protocol_options(against: str, track: str, retrieval_config: Path | None, lengths: list[int] | None) -> None:
+    """`bench --against` measures under the panel's protocol: refuse the options that would change it."""
+    given = {"--track": track != "all", "--retrieval-config": retrieval_config is not None, "--lengths": bool(lengths)}
+    for option, set_ in given.items():
+        if set_:
+            raise UsageError(f"--against {against} measures under the panel's protocol; {option} would change it")
+
+
+def track_runs(track: str, variants: list[str] | None, preset: str | None, config: Path | None,
+               retrieval_config: Path | None, run_dir: Path, overrides: dict, data: dict) -> list[tuple]:
+    """What each track `track` names trains: (run directory, experiment, specs, seeds, eval overrides),
+    the language-model track (in `run_dir`) first. With --track all the retrieval track goes to
+    RUN/retrieval, with the language-model track's variants and seeds and its preset's retrieval preset
+    (or `retrieval_config`); with --track retrieval, to `run_dir`, set up by `preset` and `config`."""
+    from relbench.reporting.overview import RETRIEVAL_TRACK
+
     runs = []   # (run directory, experiment, specs, seeds, eval overrides)
     if track in ("all", "lm"):
         exp, specs, seeds = command_experiment(preset, config, variants, train=overrides, data=data)
@@ -119,7 +135,11 @@ def bench_command(
                              f"preset (task passkey or mqar), e.g. --preset {RETRIEVAL_PRESET}")
         runs.append((Path(run_dir) if own else Path(run_dir) / RETRIEVAL_TRACK, rexp, rspecs, rseeds,
                      read_file(file).get("eval") if file is not None else None))
-    announce(runs, device, jobs)
+    return runs
+
+
+def run_tracks(runs: list[tuple], track: str, lengths: list[int] | None, device: str, log: str, jobs: str) -> None:
+    """Train and extrapolate each of `runs` (track_runs'), then report them, the retrieval track first."""
     for folder, exp, specs, seeds, evals in runs:
         with results.RunLock(folder):
             train_runs(folder, exp, trained_variants(specs), seeds, device, False, log, jobs)
