@@ -20,7 +20,6 @@ from rich.table import Table
 
 from relbench.comparisons import MARGIN
 from relbench.errors import RelbenchError
-from relbench.evaluation import reach as reach_module
 from relbench.evaluation.summaries import recorded_summary
 from relbench.reporting import overview, tiers
 from relbench.runs import results
@@ -289,42 +288,16 @@ def render(run_dir: Path, console: Console, plots: bool = True, margin: float = 
         raise RelbenchError(f"{run_dir} has nothing to report yet; run `relbench extrapolate --run-dir {run_dir}` "
                             f"or `relbench profile --run-dir {run_dir}` first")
     written: dict[str, Path] = {}
-    sections = []
     config: dict[str, Any] = results.require_run(run_dir) if has_rows or tasks else {}
     rows = summary = None
     if has_rows:
         rows = load_rows(run_dir)
         summary = aggregate(rows, config)
-    notes: list[str] = []
-    if config:
-        top = overview.headline(run_dir, config, summary, rows)
-        if top is not None:
-            header, body, notes = top
-            sections.append((HEADLINE_TITLE, header, body))
-        table = overview.overview(run_dir, summary, int(config["model"]["train_length"]))
-        if table is not None:
-            sections.append(("Overview: perplexity ratio, use of distant context, retrieval, attention reach", *table))
+    sections, notes = overview_sections(run_dir, config, summary, rows)
     if summary is not None:
-        ref = reference_length(rows, config)
-        for protocol in summary["protocol"].unique():
-            sections.append((f"Perplexity, {protocol} (ratio to L={ref})", *perplexity_table(summary, protocol)))
-            bits = bits_table(summary, protocol)
-            if bits is not None:
-                sections.append((f"Bits per byte, {protocol}", *bits))
-            tuned = finetune.comparison_table(summary, rows, protocol)
-            if tuned is not None:
-                sections.append((f"Fine-tuning to the target length: perplexity zero-shot -> after fine-tuning, "
-                                 f"{protocol}", *tuned))
-    tiered = []
-    for name, title in tasks:
-        if name == "copy.csv":
-            sections.append((title, *overview.copy_table(results.read_csv(run_dir / name))))
-        else:
-            found = reach_module.run_reach(run_dir, name)
-            if found:
-                sections.append((title, *reach_module.reach_table(found, name.split(".")[0])))
-                tiers.add_sections(run_dir, found, name.split(".")[0], int(config["model"]["train_length"]), margin,
-                                   tiered, sections, written)
+        sections += perplexity_sections(summary, rows, config)
+    tiered: list = []
+    sections += tiers.task_sections(run_dir, tasks, config, margin, tiered, written)
     sections[:0] = tiered
     if has_rows:
         sections.append(("Cost per layer, batch 1: building the position terms / attention (ms)", *cost_table(rows, config)))
@@ -349,6 +322,38 @@ def render(run_dir: Path, console: Console, plots: bool = True, margin: float = 
     written["report"] = run_dir / REPORT_MD
     results.atomic_write_text(written["report"], markdown(config, rows, summary, sections, figures, run_dir, notes))
     return written
+
+
+def overview_sections(run_dir: Path, config: dict[str, Any], summary: pd.DataFrame | None,
+                      rows: pd.DataFrame | None) -> tuple[list, list[str]]:
+    """The headline and the overview sections (none without a run's config), and the headline's notes."""
+    sections: list = []
+    notes: list[str] = []
+    if config:
+        top = overview.headline(run_dir, config, summary, rows)
+        if top is not None:
+            header, body, notes = top
+            sections.append((HEADLINE_TITLE, header, body))
+        table = overview.overview(run_dir, summary, int(config["model"]["train_length"]))
+        if table is not None:
+            sections.append(("Overview: perplexity ratio, use of distant context, retrieval, attention reach", *table))
+    return sections, notes
+
+
+def perplexity_sections(summary: pd.DataFrame, rows: pd.DataFrame, config: dict[str, Any]) -> list:
+    """Per protocol: the perplexity table, bits per byte (where recorded) and fine-tuning's comparison."""
+    sections = []
+    ref = reference_length(rows, config)
+    for protocol in summary["protocol"].unique():
+        sections.append((f"Perplexity, {protocol} (ratio to L={ref})", *perplexity_table(summary, protocol)))
+        bits = bits_table(summary, protocol)
+        if bits is not None:
+            sections.append((f"Bits per byte, {protocol}", *bits))
+        tuned = finetune.comparison_table(summary, rows, protocol)
+        if tuned is not None:
+            sections.append((f"Fine-tuning to the target length: perplexity zero-shot -> after fine-tuning, "
+                             f"{protocol}", *tuned))
+    return sections
 
 
 def markdown(config: dict[str, Any], rows: pd.DataFrame | None, summary: pd.DataFrame | None, sections,

@@ -1,12 +1,15 @@
-"""A retrieval task's decisions in the report: its tiers (which open the report), what the seeds decide
-per length, the pairs left open, and every pair in <task>_comparisons.csv (relbench/evaluation/decisions.py)."""
+"""The task tables in the report (copy distance, passkey and MQAR reach) and a retrieval task's decisions:
+its tiers (which open the report), what the seeds decide per length, the pairs left open, and every pair in
+<task>_comparisons.csv (relbench/evaluation/decisions.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from relbench.evaluation import decisions
+from relbench.evaluation import reach as reach_module
 from relbench.evaluation.reach import Reach
+from relbench.reporting import overview
 from relbench.runs import results
 
 
@@ -37,3 +40,21 @@ def add_sections(run_dir: Path, found: dict[str, Reach], task: str, train_length
                          "difference first", *pairs))
     written[f"{task}_comparisons"] = Path(run_dir) / f"{task}_comparisons.csv"
     results.write_csv(written[f"{task}_comparisons"], decisions.comparison_rows(decided))
+
+
+def task_sections(run_dir: Path, tasks: list[tuple[str, str]], config: dict, margin: float, tiered: list,
+                  written: dict[str, Path]) -> list:
+    """The sections of the task tables `tasks` (file name, title) the run holds: copy distance, and each
+    retrieval task's reach followed by its decisions (`add_sections`: the tiers go to `tiered`, the
+    pairwise CSV to `written`)."""
+    sections: list = []
+    for name, title in tasks:
+        if name == "copy.csv":
+            sections.append((title, *overview.copy_table(results.read_csv(run_dir / name))))
+        else:
+            found = reach_module.run_reach(run_dir, name)
+            if found:
+                sections.append((title, *reach_module.reach_table(found, name.split(".")[0])))
+                add_sections(run_dir, found, name.split(".")[0], int(config["model"]["train_length"]), margin,
+                             tiered, sections, written)
+    return sections
