@@ -30,13 +30,16 @@ live in relbench/attention/fused.py; this module holds the interface, the choice
 
 A *backend* is what the user asks for (`auto`, `split`, ...); the *path* is the algorithm that
 runs. `resolve` maps one to the other, visibly: `split` on a sequence too short for any far key
-is the chunked path, and says so. Nothing falls back inside a path; `recording()` counts the
+is the chunked path, and says so. What each backend takes of a bias is one rule (`takes`): `check`
+reads it from a scheme's declared capabilities and refuses, `resolve` from a plan and runs the
+chunked path instead. Nothing falls back inside a path; `recording()` counts the
 paths that really ran, which is what profile.csv, extrapolation.csv and the report show.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from collections import Counter
 from collections.abc import Iterator
@@ -157,12 +160,48 @@ def needs_grad(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None) -> bool:
     return q.requires_grad or k.requires_grad or v.requires_grad or (plan is not None and plan.requires_grad)
 
 
+@dataclasses.dataclass(frozen=True)
+class BiasFacts:
+    """What the backend rules read of a bias: a scheme's declared capabilities (`of_scheme`, read by
+    `check` before anything is built) or what a plan says of itself (`of_plan`, read by `resolve` and
+    `choose` at each call)."""
+    distance_only: bool
+    has_horizon: bool
+    separable: bool
+    has_score_mod: bool
+
+    @classmethod
+    def of_scheme(cls, position: PositionEncoding | type[PositionEncoding]) -> BiasFacts:
+        return cls(position.distance_only, position.has_horizon, position.separable, position.has_score_mod)
+
+    @classmethod
+    def of_plan(cls, plan: BiasPlan) -> BiasFacts:
+        return cls(plan.distance_only, plan.horizon is not None, plan.separable, plan.has_score_mod)
+
+
+CPU_INFERENCE = ("split", "toeplitz")   # fused CPU kernels that return no gradient for the bias
+
+
+def takes(backend: str, bias: BiasFacts) -> bool:
+    """The one rule per backend on the bias it can compute: toeplitz one of i - j alone, split one
+    constant beyond some distance or separable, flex one with a score_mod; the others any bias.
+    `check` refuses what fails it; `resolve` runs the chunked path instead."""
+    if backend == "toeplitz":
+        return bias.distance_only
+    if backend == "split":
+        return bias.has_horizon or bias.separable
+    if backend == "flex":
+        return bias.has_score_mod
+    return True
+
+
 def choose(plan: BiasPlan | None, q: Tensor, k_len: int, grad: bool) -> str:
     """The fastest exact backend measured for this device, mode and scheme (benchmarks/attention.py)."""
     if plan is None:
         return "sdpa"
+    bias = BiasFacts.of_plan(plan)
     if q.device.type == "cuda":  # a per-query position term (transformer-xl) has no score_mod
-        return "flex" if plan.has_score_mod and (plan.flex_trains or not grad) else "chunked"
+        return "flex" if takes("flex", bias) and (plan.flex_trains or not grad) else "chunked"
     if grad:
         # measured (benchmarks/train_throughput.py, quick model): in fp32 chunked is as fast as the
         # reference path at 256 and twice as fast at 1024; under bf16 autocast the materialised
@@ -175,7 +214,7 @@ def choose(plan: BiasPlan | None, q: Tensor, k_len: int, grad: bool) -> str:
     # content-dependent bias has no other fast path: docs/performance.md); any
     # other distance-only bias as a strided view; a separable one (FoX) through the linear split;
     # the rest chunked (resolve names it)
-    if plan.distance_only:
+    if takes("toeplitz", bias):
         short = plan.horizon is not None and plan.horizon * SPLIT_HORIZON_RATIO <= k_len
         return "split" if short and split_fits(plan, q, k_len) else "toeplitz"
     return "split"
@@ -185,50 +224,53 @@ def resolve(backend: str, plan: BiasPlan | None, q: Tensor, k_len: int, grad: bo
     """The path (PATH_NAMES) that `backend` runs for this plan and these queries. `auto` picks the
     backend (`choose`); `split` is the horizon split where it has far keys, the linear split for
     a separable bias (ALiBi, FoX), and otherwise what the split would compute anyway: sdpa without a bias, chunked for a
-    short, non-square or non-CPU call."""
+    short, non-square or non-CPU call, or a bias the backend does not take (`takes`)."""
     if backend == "auto":
         backend = choose(plan, q, k_len, grad)
     elif backend not in BACKENDS:
         raise unknown("attention backend", backend, list(BACKENDS))
-    if backend not in ("split", "toeplitz"):
+    if backend not in CPU_INFERENCE:
         return backend
     if plan is None:
         return "sdpa"
     if grad:
         raise UsageError(f"the {backend} backend is for inference only (its fused kernel returns no gradient "
                          "for the bias); train with --attention auto or chunked")
+    if q.device.type != "cpu" or not takes(backend, BiasFacts.of_plan(plan)):
+        return "chunked"
     if backend == "toeplitz":
-        return "toeplitz" if plan.distance_only and q.device.type == "cpu" else "chunked"
-    if plan.separable and q.shape[-2] == k_len and q.device.type == "cpu":
+        return "toeplitz"
+    if plan.separable and q.shape[-2] == k_len:
         return "split-linear"
     return "split" if split_fits(plan, q, k_len) else "chunked"
+
+
+REFUSED = {"flex": '"{name}" has no FlexAttention score_mod (its position term is a per-query dot product); use '
+                   '--attention chunked or auto',
+           "split": 'the split backend needs a bias that is constant beyond some distance or separable (a per-row '
+                    'plus a per-key term); "{name}" is neither: use --attention toeplitz, chunked or auto',
+           "toeplitz": 'the toeplitz backend needs a bias that depends on i - j alone; "{name}" does not: use '
+                       '--attention chunked or auto'}   # why `check` refuses a scheme's bias (`takes`)
 
 
 def check(backend: str, position: PositionEncoding | type[PositionEncoding] | None = None,
           device: torch.device | str = "cpu", training: bool = False) -> str:
     """Validate a backend choice up front, from the scheme's declared capabilities (nothing is
-    built); raise a UsageError that says why it cannot work."""
+    built), by the rules `resolve` applies to plans (`takes`, CPU_INFERENCE); raise a UsageError that
+    says why it cannot work."""
     if backend not in BACKENDS:
         raise unknown("attention backend", backend, list(BACKENDS))
     device = torch.device(device)
     if backend == "flex" and training and device.type == "cpu":
         raise UsageError("the flex backend cannot train on CPU (torch's FlexAttention has no CPU backward); "
                          "use --attention auto or chunked")
-    if backend == "flex" and position is not None and position.adds_bias and not position.has_score_mod:
-        raise UsageError(f'"{position.name}" has no FlexAttention score_mod (its position term is a '
-                         f'per-query dot product); use --attention chunked or auto')
-    if backend in ("split", "toeplitz"):
+    if backend in CPU_INFERENCE:
         if training:
             raise UsageError(f"the {backend} backend is for inference only; train with --attention auto or chunked")
         if device.type != "cpu":
             raise UsageError(f"the {backend} backend runs on CPU; on CUDA use --attention flex or auto")
-    if backend == "split" and position is not None and position.adds_bias and not (position.has_horizon or position.separable):
-        raise UsageError(f'the split backend needs a bias that is constant beyond some distance or separable '
-                         f'(a per-row plus a per-key term); "{position.name}" is neither: use --attention '
-                         f'toeplitz, chunked or auto')
-    if backend == "toeplitz" and position is not None and position.adds_bias and not position.distance_only:
-        raise UsageError(f'the toeplitz backend needs a bias that depends on i - j alone; "{position.name}" '
-                         f'does not: use --attention chunked or auto')
+    if position is not None and position.adds_bias and not takes(backend, BiasFacts.of_scheme(position)):
+        raise UsageError(REFUSED[backend].format(name=position.name))
     return backend
 
 
