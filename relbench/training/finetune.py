@@ -53,14 +53,9 @@ from relbench.cost import memory
 from relbench.errors import RelbenchError, UsageError
 from relbench.positions import forms
 from relbench.runs import checkpoints, distributed, results
-from relbench.training.train import (
-    Continuation,
-    Diverged,
-    StopRequest,
-    append_rows,
-    make_progress,
-    train_variant,
-)
+from relbench.training.pairs import append_rows
+from relbench.training.stopping import Diverged, StopRequest
+from relbench.training.train import Continuation, make_progress, train_variant
 
 FINETUNE_CSV = "finetune.csv"
 
