@@ -28,7 +28,7 @@ from relbench.runs import checkpoints, distributed, results, tracking
 def train_runs(run_dir: Path, exp: Experiment, specs: list[str], seeds: list[int], device: str, force: bool,
            log: str = "none", jobs: str = "1") -> dict[str, Any]:
     from relbench.data import load_data
-    from relbench.training.train import train_run
+    from relbench.training.pairs import train_run
 
     target = resolve_device(device)
     # rank 0 logs; a missing package fails here, before any work

@@ -45,22 +45,19 @@ from typing import Any
 import pandas as pd
 import torch
 from rich.console import Console
+from rich.progress import Progress
 
 from relbench import positions
 from relbench.attention import check as check_backend
 from relbench.config import ModelConfig, TrainConfig, to_dict
 from relbench.cost import memory
+from relbench.data import Splits
 from relbench.errors import RelbenchError, UsageError
 from relbench.positions import forms
 from relbench.runs import checkpoints, distributed, results
-from relbench.training.train import (
-    Continuation,
-    Diverged,
-    StopRequest,
-    append_rows,
-    make_progress,
-    train_variant,
-)
+from relbench.training.pairs import append_rows
+from relbench.training.stopping import Diverged, StopRequest
+from relbench.training.train import Continuation, make_progress, train_variant
 
 FINETUNE_CSV = "finetune.csv"
 
@@ -182,6 +179,21 @@ def record_entry(run_dir: Path, entry: str, seed: int, record: dict[str, Any]) -
     results.write_config(run_dir, config, description)
 
 
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """One fine-tuning run of a `relbench finetune`: the variant named (`spec`, with its form if any),
+    the checkpoint it writes (`entry`), the seed, the trained checkpoint's meta.json and model
+    settings, the fine-tuning settings, their "finetune" record and the batch-size note."""
+    spec: str
+    entry: str
+    seed: int
+    meta: dict[str, Any]
+    model: ModelConfig
+    train: TrainConfig
+    record: dict[str, Any]
+    note: str
+
+
 def finetune_run(run_dir: Path, length: int, steps: int, variants: list[str] | None, seeds: list[int] | None,
                  lr: float | None, batch_size: int | None, device: torch.device, force: bool,
                  console: Console) -> list[dict[str, Any]]:
@@ -194,66 +206,77 @@ def finetune_run(run_dir: Path, length: int, steps: int, variants: list[str] | N
     if steps < 1 or (lr is not None and not lr > 0) or (batch_size is not None and batch_size < 1):
         raise UsageError("--steps, --lr and --batch-size must be positive")
     todo = distributed.on_main(pairs_to_tune, run_dir, config, variants, seeds, length, console)
-    plans = []
-    for spec, seed, meta in todo:
-        model = ModelConfig(**meta["model"])
-        train, record, note = settings(meta, length, steps, lr, batch_size)
-        variant = forms.scheme_spec(spec)
-        try:
-            check_backend(train.attention, positions.scheme(variant), device, True)
-        except UsageError as error:
-            raise UsageError(f"{spec}: {error}") from None
-        check_memory(variant, model, train, length, device)
-        entry = forms.finetuned_spec(spec, length, trained_encoding(spec, model))
-        if forms.form_text(entry):      # fine-tuned under a form, pinned at this length: part of the settings
-            record["form"] = forms.form_text(entry)
-        plans.append((spec, entry, seed, meta, model, train, record, note))
+    plans = [plan_for(spec, seed, meta, length, steps, lr, batch_size, device) for spec, seed, meta in todo]
     splits = load_run_splits(config, console)
-    for spec, _, seed, *_ in plans:
-        checkpoints.check_tokenizer(results.checkpoint_dir(run_dir, forms.trained_spec(spec), seed), splits.tokenizer)
+    for plan in plans:
+        checkpoints.check_tokenizer(results.checkpoint_dir(run_dir, forms.trained_spec(plan.spec), plan.seed),
+                                    splits.tokenizer)
     console.print(f"fine-tuning {len(plans)} checkpoint(s) at length {length} for {steps} steps; run directory {run_dir}")
-    summaries = []
     with StopRequest() as stop, make_progress(console) as progress:
-        for spec, entry, seed, meta, model, train, record, note in plans:
-            label, folder = f"{entry} seed {seed}", results.checkpoint_dir(run_dir, entry, seed)
-            done = distributed.on_main(checkpoints.read_meta, folder) or {}
-            if done.get("finished") and not force:
-                same = done.get("finetune") == record
-                progress.console.print(f"{label}: already fine-tuned ({folder})" + ("" if same else
-                                       " with other settings") + "; --force fine-tunes it again", markup=False)
-                summaries.append(done["summary"])
-                continue
-            if force and distributed.is_main():
-                (folder / checkpoints.RESUME_FILE).unlink(missing_ok=True)
-            if note:
-                progress.console.print(f"{label}: {note}", markup=False)
-            weights = checkpoints.load_model(results.checkpoint_dir(run_dir, forms.trained_spec(spec), seed)).state_dict()
-            start = Continuation(weights, length, record["data_offset"], record, form=entry if "form" in record else "")
-            try:
-                tuned, rows, summary = train_variant(forms.scheme_spec(spec), model, train, splits, device, progress,
-                                                     folder, stop, start=start)
-            except (RuntimeError, MemoryError) as error:
-                if not memory.is_out_of_memory(error):
-                    raise
-                raise RelbenchError(f"out of memory fine-tuning {label} at {distributed.batch_text(train.batch_size)} "
-                                    f"x --length {length} on {device}; the last resumable state is kept in {folder}; "
-                                    f"use a smaller --batch-size or --length") from None
-            except Diverged as error:
-                raise RelbenchError(f"{label} diverged ({error}); its last good state is kept in {folder}; try a "
-                                    f"lower --lr, or --force to start it again") from None
-            tuned.config.attention = "auto"
-            summary = {**summary, "variant": entry}
-            new_meta = {**{k: meta.get(k) for k in ("data", "tokenizer", "tokenizer_fingerprint")},
-                        "variant": entry, "seed": seed, "finished": True, "status": "finished", "summary": summary,
-                        "model": to_dict(tuned.config), "train": to_dict(train), "finetune": record}
-            if distributed.is_main():
-                append_rows(run_dir / FINETUNE_CSV, entry, seed, [{**r, "variant": entry, "length": length} for r in rows])
-                checkpoints.save_checkpoint(folder, tuned, new_meta)
-                record_entry(run_dir, entry, seed, record)
-            progress.console.print(f"{label}: validation loss {summary['val_loss']:.4f} at length {length} after "
-                                   f"{steps} steps, {summary['train_seconds']:.0f} s", markup=False)
-            summaries.append(summary)
-    return summaries
+        return [finetune_one(run_dir, plan, length, steps, splits, device, force, stop, progress) for plan in plans]
+
+
+def plan_for(spec: str, seed: int, meta: dict[str, Any], length: int, steps: int, lr: float | None,
+             batch_size: int | None, device: torch.device) -> Plan:
+    """The fine-tuning run of checkpoint `spec` seed `seed`, checked before any work: the attention
+    backend can run the scheme on `device` and training at `length` fits in its memory."""
+    model = ModelConfig(**meta["model"])
+    train, record, note = settings(meta, length, steps, lr, batch_size)
+    variant = forms.scheme_spec(spec)
+    try:
+        check_backend(train.attention, positions.scheme(variant), device, True)
+    except UsageError as error:
+        raise UsageError(f"{spec}: {error}") from None
+    check_memory(variant, model, train, length, device)
+    entry = forms.finetuned_spec(spec, length, trained_encoding(spec, model))
+    if forms.form_text(entry):      # fine-tuned under a form, pinned at this length: part of the settings
+        record["form"] = forms.form_text(entry)
+    return Plan(spec, entry, seed, meta, model, train, record, note)
+
+
+def finetune_one(run_dir: Path, plan: Plan, length: int, steps: int, splits: Splits, device: torch.device,
+                 force: bool, stop: StopRequest, progress: Progress) -> dict[str, Any]:
+    """Fine-tune one checkpoint as `plan` says, or keep it when it was fine-tuned already (unless
+    `force`); write its checkpoint, its rows of finetune.csv and its entry in config.json; returns its
+    summary. Out of memory and divergence end the command, the last resumable state kept."""
+    spec, entry, seed, record, train = plan.spec, plan.entry, plan.seed, plan.record, plan.train
+    label, folder = f"{entry} seed {seed}", results.checkpoint_dir(run_dir, entry, seed)
+    done = distributed.on_main(checkpoints.read_meta, folder) or {}
+    if done.get("finished") and not force:
+        same = done.get("finetune") == record
+        progress.console.print(f"{label}: already fine-tuned ({folder})" + ("" if same else
+                               " with other settings") + "; --force fine-tunes it again", markup=False)
+        return done["summary"]
+    if force and distributed.is_main():
+        (folder / checkpoints.RESUME_FILE).unlink(missing_ok=True)
+    if plan.note:
+        progress.console.print(f"{label}: {plan.note}", markup=False)
+    weights = checkpoints.load_model(results.checkpoint_dir(run_dir, forms.trained_spec(spec), seed)).state_dict()
+    start = Continuation(weights, length, record["data_offset"], record, form=entry if "form" in record else "")
+    try:
+        tuned, rows, summary = train_variant(forms.scheme_spec(spec), plan.model, train, splits, device, progress,
+                                             folder, stop, start=start)
+    except (RuntimeError, MemoryError) as error:
+        if not memory.is_out_of_memory(error):
+            raise
+        raise RelbenchError(f"out of memory fine-tuning {label} at {distributed.batch_text(train.batch_size)} "
+                            f"x --length {length} on {device}; the last resumable state is kept in {folder}; "
+                            f"use a smaller --batch-size or --length") from None
+    except Diverged as error:
+        raise RelbenchError(f"{label} diverged ({error}); its last good state is kept in {folder}; try a "
+                            f"lower --lr, or --force to start it again") from None
+    tuned.config.attention = "auto"
+    summary = {**summary, "variant": entry}
+    new_meta = {**{k: plan.meta.get(k) for k in ("data", "tokenizer", "tokenizer_fingerprint")},
+                "variant": entry, "seed": seed, "finished": True, "status": "finished", "summary": summary,
+                "model": to_dict(tuned.config), "train": to_dict(train), "finetune": record}
+    if distributed.is_main():
+        append_rows(run_dir / FINETUNE_CSV, entry, seed, [{**r, "variant": entry, "length": length} for r in rows])
+        checkpoints.save_checkpoint(folder, tuned, new_meta)
+        record_entry(run_dir, entry, seed, record)
+    progress.console.print(f"{label}: validation loss {summary['val_loss']:.4f} at length {length} after "
+                           f"{steps} steps, {summary['train_seconds']:.0f} s", markup=False)
+    return summary
 
 
 def comparison_table(summary: pd.DataFrame, rows: pd.DataFrame,

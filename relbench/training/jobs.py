@@ -62,9 +62,9 @@ def share_of_threads(jobs: int) -> Iterator[None]:
 
 def train_pairs(todo: list, jobs: int, model_config: ModelConfig, splits: Splits, device: torch.device,
                 console: Console, trainer: Callable[..., dict[str, Any]]) -> Iterator[tuple[Any, dict[str, Any]]]:
-    """Yield (pair, outcome) for every run of `todo` (relbench.training.train.Pair) as it finishes,
-    `jobs` at a time, each in a child process; outcomes as train.train_pair's, the model as its
-    state dict (with "model_config"). `trainer` is train.train_pair (passed in, by reference, to each
+    """Yield (pair, outcome) for every run of `todo` (relbench.training.pairs.Pair) as it finishes,
+    `jobs` at a time, each in a child process; outcomes as pairs.train_pair's, the model as its
+    state dict (with "model_config"). `trainer` is pairs.train_pair (passed in, by reference, to each
     child). Raises Interrupted after every child has saved on a signal,
     and RelbenchError for a child that failed, once the others have finished."""
     from relbench.positions import plugins

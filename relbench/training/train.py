@@ -4,35 +4,34 @@ One step (schedule, optimiser, loss, forward and backward) is relbench/training/
 Batches are drawn from a generator seeded by (seed, step), independent of the model, so every
 variant sees exactly the same sequences in the same order (relbench/training/batches.py: text windows, or
 passkey trials for the retrieval preset). Validation uses fixed sequences from the validation split.
+
+This module trains one variant (train_variant), step by step; where a run is between steps, what
+resume.pt keeps of it, is relbench/training/state.py's, and relbench/training/pairs.py trains every
+variant and seed of a `relbench train` with it and writes their checkpoints.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import torch
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-from relbench import positions
 from relbench.config import ModelConfig, TrainConfig, to_dict
 from relbench.cost.inspection import attention_logit_max
-from relbench.cost.memory import is_out_of_memory
 from relbench.data import Splits
-from relbench.errors import RelbenchError, UsageError
 from relbench.model import GPT
-from relbench.positions import forms, plugins
-from relbench.runs import checkpoints, distributed, results, tracking
+from relbench.positions import forms
+from relbench.runs import checkpoints, distributed
 from relbench.training.batches import random_positions, retrieval_accuracy, training_batch, validation_batches
+from relbench.training.state import PACE_STEPS, Clock, TrainingState, resumed
 from relbench.training.step import forward_backward, lr_at, make_optimizer, optimizer_step, position_lr, validation_loss
-from relbench.training.stopping import Diverged, Interrupted, StopRequest, learned_at
+from relbench.training.stopping import Interrupted, StopRequest, learned_at
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +47,28 @@ class Continuation:
     identity: dict[str, Any]
     command: str = "relbench finetune"
     form: str = ""      # a spec whose evaluation form the model trains under ("rope@pi:factor=4+ft1024")
+
+
+@dataclasses.dataclass(frozen=True)
+class Loop:
+    """What every step of one run reads: its variant and settings, the model (`trained`: the model
+    in DistributedDataParallel under torchrun, itself in one process) and its optimiser, the data,
+    and the length and data offset of the batches (step s trains on the batch of step data_offset + s)."""
+    spec: str
+    config: TrainConfig
+    model: GPT
+    trained: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    splits: Splits
+    device: torch.device
+    train_tokens: torch.Tensor
+    val_batches: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
+    length: int
+    data_offset: int
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.config.batch_size * self.length
 
 
 def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, splits: Splits, device: torch.device,
@@ -76,6 +97,18 @@ def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, spl
     Trained to criterion, a run stops at the check that confirms it, or with `consolidate_steps`
     trains that many steps more with its rate decayed (step.lr_at), the cap notwithstanding;
     `on_learned(model, step)` is called once, at the confirming step, before any consolidation."""
+    loop, state, scale_source = prepare(spec, model_config, config, splits, device, folder, start)
+    command = start.command if start else "relbench train"
+    grad_norm, position_grads, seconds = train_steps(loop, state, progress, folder, stop, command, on_pace, on_row,
+                                                     on_learned)
+    return loop.model, state.rows, summarize(loop, state, seconds, scale_source, grad_norm, position_grads)
+
+
+def prepare(spec: str, model_config: ModelConfig, config: TrainConfig, splits: Splits, device: torch.device,
+            folder: Path | None, start: Continuation | None) -> tuple[Loop, TrainingState, str]:
+    """The loop of train_variant: the model (from the seed's initialisation, or `start`'s weights under
+    its form) and a fresh optimiser, both loaded from `folder`'s resume.pt when it holds one; returns
+    the loop, its state and where the position learning-rate multiplier comes from (step.position_lr)."""
     model_config = dataclasses.replace(model_config, position=spec, attention=config.attention)
     scale, scale_source = position_lr(spec, config)
     config = dataclasses.replace(config, position_lr_scale=scale)
@@ -88,122 +121,162 @@ def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, spl
     optimizer = make_optimizer(model, config)
     identity = {"model": to_dict(model_config), "train": to_dict(config),
                 **({"start": start.identity} if start is not None else {})}
-    state: dict[str, Any] = {"step": 0, "rows": [], "running": 0.0, "running_n": 0, "val": float("nan"),
-                             "elapsed": 0.0, "max_logit": 0.0, "identity": identity}
-    resume = distributed.on_main(checkpoints.load_resume, folder) if folder is not None else None
-    if resume is not None:
-        if resume["state"].get("identity") != identity:
-            raise RelbenchError(f"{folder}/{checkpoints.RESUME_FILE} was saved with another configuration; "
-                                f"delete it to train {spec} from step 0")
-        model.load_state_dict(resume["model"])
-        optimizer.load_state_dict(resume["optimizer"])
-        state = resume["state"]
+    state = resumed(folder, spec, identity, model, optimizer)
     trained = distributed.wrap(model, device)        # the model itself in one process
     train_tokens = torch.from_numpy(splits.train)
     length, data_offset = (start.length, start.data_offset) if start is not None else (model_config.train_length, 0)
     val_batches = validation_batches(torch.from_numpy(splits.validation), config, length, splits.tokenizer)
-    tokens_per_step = config.batch_size * length
-    log_every = max(1, config.steps // 50)
-    task = progress.add_task(spec, total=config.steps, completed=state["step"], loss="-", val="-", speed="-") \
+    loop = Loop(spec, config, model, trained, optimizer, splits, device, train_tokens, val_batches, length, data_offset)
+    return loop, state, scale_source
+
+
+def train_steps(loop: Loop, state: TrainingState, progress: Progress | None, folder: Path | None,
+                stop: StopRequest | None, command: str, on_pace: Callable[[float], None] | None,
+                on_row: Callable[[dict[str, Any]], None] | None,
+                on_learned: Callable[[GPT, int], None] | None) -> tuple[torch.Tensor, dict[str, float], float]:
+    """Train from state.step to the run's last step (the cap, the check that confirms the criterion,
+    or the end of consolidation) as train_variant says: rows logged, progress shown, state saved, a
+    stop request obeyed (Interrupted names `command`). Returns the last step's gradient norm, the
+    norms of the gradients that reach the position parameters at the last step, and the seconds
+    trained in all."""
+    config, model = loop.config, loop.model
+    task = progress.add_task(loop.spec, total=config.steps, completed=state.step, loss="-", val="-", speed="-") \
         if progress else None
-    started, first_step = time.perf_counter(), state["step"]
-    pace_from = first_step
+    clock = Clock(state.step, on_pace)
     position_grads: dict[str, float] = {}
     grad_norm = torch.tensor(float("nan"))
-    retrieval = config.task != "lm"
-    state.setdefault("checks", [])           # (step, validation accuracy at the training length) of a retrieval task
-    state.setdefault("learned", None)        # the step the criterion was met at, kept once it was
-    state.setdefault("consolidate_from", None)   # the step that confirmed it, where consolidation starts
-    for step in range(state["step"], config.steps + config.consolidate_steps):
-        lr = lr_at(step, config, state["consolidate_from"])
-        for group in optimizer.param_groups:
-            group["lr"] = lr * group["lr_scale"]
-        x, y, weights = training_batch(train_tokens, data_offset + step, config, length, splits.tokenizer)
-        chosen = random_positions(config.seed, data_offset + step, x.shape[0], length, model.random_positions) \
-            if model.random_positions else None                    # randomized positions; validation keeps 0 .. L - 1
-        loss, grad_norm = forward_backward(trained, optimizer, x, y, weights, device, config, step, chosen)
-        optimizer_step(model, optimizer)
+    for step in range(state.step, config.steps + config.consolidate_steps):
+        x, lr, loss, grad_norm = train_step(loop, state, step)
         done = step + 1
-        state["running"] += loss.item()
-        state["running_n"] += 1
-        check = done % config.eval_every == 0 or done == config.steps
-        accuracy = float("nan")
-        if check:
-            state["val"] = validation_loss(model, val_batches, device)
-            if retrieval:
-                accuracy = retrieval_accuracy(model, config.task, splits.validation, length, splits.tokenizer, device,
-                                              config.criterion_trials, config.mqar_pairs)
-                state["checks"].append((done, accuracy))
-        newly = None
-        if state["learned"] is None:
-            learned = learned_at(state["checks"], config.criterion_accuracy, config.criterion_checks)
-            # every rank measured the same model on the same trials; the decision is made the same everywhere
-            if distributed.max_all(int(learned is not None), device):
-                state["learned"], state["consolidate_from"], newly = learned, done, done
+        check, accuracy = validate(loop, state, done)
+        newly = newly_learned(loop, state, done)
         if newly is not None and on_learned is not None:
             on_learned(model, done)
-        if state["consolidate_from"] is None:
+        if state.consolidate_from is None:
             last = done == config.steps or newly is not None
         else:
-            last = done == state["consolidate_from"] + config.consolidate_steps
+            last = done == state.consolidate_from + config.consolidate_steps
         if last:  # what reaches the position parameters at the end, after clipping (step() keeps .grad)
             position_grads = {name: p.grad.norm().item()
                               for name, p in model.positions.named_parameters() if p.grad is not None}
-        if done % log_every == 0 or check or last:
-            max_logit = attention_logit_max(model, x[:1].to(device))   # the batch's first sequence, on every rank
-            state["max_logit"] = max(state["max_logit"], max_logit)
-            elapsed = state["elapsed"] + time.perf_counter() - started
-            state["rows"].append({
-                "variant": spec, "seed": config.seed, "step": done, "tokens": done * tokens_per_step, "lr": lr,
-                "train_loss": state["running"] / state["running_n"],
-                "val_loss": state["val"] if check else float("nan"), "val_accuracy": accuracy,
-                "max_attention_logit": max_logit, "elapsed_s": elapsed,
-                "tokens_per_s": (done - first_step) * tokens_per_step / (time.perf_counter() - started)})
+        if done % max(1, config.steps // 50) == 0 or check or last:
+            row = log_row(loop, state, clock, x, done, lr, check, accuracy)
             if on_row is not None:
-                on_row(state["rows"][-1])
-            state["running"], state["running_n"] = 0.0, 0
-        state["step"] = done
-        if on_pace is not None and done - pace_from == 1:
-            paced = time.perf_counter()                     # the first step (warm-up) is not counted
-        elif on_pace is not None and done - pace_from == 1 + PACE_STEPS:
-            on_pace((time.perf_counter() - paced) / PACE_STEPS)
-            on_pace = None
+                on_row(row)
+        state.step = done
+        clock.pace(done)
         if progress is not None:
-            rate = (done - first_step) * tokens_per_step / (time.perf_counter() - started)
             progress.update(task, completed=done, loss=f"{loss.item():.3f}",
-                            val=f"{state['val']:.3f}" if math.isfinite(state["val"]) else "-", speed=f"{rate:,.0f}")
-        # a signal to any rank stops every rank after this same step (the largest signal number wins)
-        signum = distributed.max_all(stop.signum or 0, device) if stop is not None else 0
-        if folder is not None and not last and (signum or done % config.checkpoint_every == 0):
-            state["elapsed"] += time.perf_counter() - started
-            started, first_step = time.perf_counter(), done
-            if distributed.is_main():
-                checkpoints.save_resume(folder, model, optimizer, state)
-        if signum and not last:
-            raise Interrupted(f"interrupted: {spec} seed {config.seed} stopped at step {done} of {config.steps} and "
-                              f"saved in {folder}; run the same `{start.command if start else 'relbench train'}` again to resume",
-                              signum)
+                            val=f"{state.val:.3f}" if math.isfinite(state.val) else "-",
+                            speed=f"{clock.rate(done, loop.tokens_per_step):,.0f}")
+        save_or_stop(loop, state, clock, folder, stop, command, done, last)
         if last:
             break
-    seconds = state["elapsed"] + time.perf_counter() - started
+    return grad_norm, position_grads, clock.seconds(state)
+
+
+def train_step(loop: Loop, state: TrainingState, step: int) -> tuple[torch.Tensor, float, torch.Tensor, torch.Tensor]:
+    """Step `step` (from 0): its learning rate, its batch (and drawn positions, for a model trained at
+    randomized positions), forward, backward and the update; its loss joins the running sum. Returns the
+    batch's inputs, the learning rate, the loss and the gradient norm."""
+    model, optimizer, config, length = loop.model, loop.optimizer, loop.config, loop.length
+    lr = lr_at(step, config, state.consolidate_from)
+    for group in optimizer.param_groups:
+        group["lr"] = lr * group["lr_scale"]
+    x, y, weights = training_batch(loop.train_tokens, loop.data_offset + step, config, length, loop.splits.tokenizer)
+    chosen = random_positions(config.seed, loop.data_offset + step, x.shape[0], length, model.random_positions) \
+        if model.random_positions else None                    # randomized positions; validation keeps 0 .. L - 1
+    loss, grad_norm = forward_backward(loop.trained, optimizer, x, y, weights, loop.device, config, step, chosen)
+    optimizer_step(model, optimizer)
+    state.running += loss.item()
+    state.running_n += 1
+    return x, lr, loss, grad_norm
+
+
+def validate(loop: Loop, state: TrainingState, done: int) -> tuple[bool, float]:
+    """Whether step `done` is a check (every eval_every steps, and the cap) and, for a retrieval task,
+    its validation accuracy at the training length (NaN otherwise). A check measures the validation
+    loss into `state`, and a retrieval task's accuracy into its checks."""
+    config = loop.config
+    check = done % config.eval_every == 0 or done == config.steps
+    accuracy = float("nan")
+    if check:
+        state.val = validation_loss(loop.model, loop.val_batches, loop.device)
+        if config.task != "lm":
+            accuracy = retrieval_accuracy(loop.model, config.task, loop.splits.validation, loop.length,
+                                          loop.splits.tokenizer, loop.device, config.criterion_trials, config.mqar_pairs)
+            state.checks.append((done, accuracy))
+    return check, accuracy
+
+
+def newly_learned(loop: Loop, state: TrainingState, done: int) -> int | None:
+    """`done` when the criterion is met at this step for the first time (state.learned then holds the
+    step it was met at, state.consolidate_from this one), else None."""
+    if state.learned is not None:
+        return None
+    learned = learned_at(state.checks, loop.config.criterion_accuracy, loop.config.criterion_checks)
+    # every rank measured the same model on the same trials; the decision is made the same everywhere
+    if distributed.max_all(int(learned is not None), loop.device):
+        state.learned, state.consolidate_from = learned, done
+        return done
+    return None
+
+
+def log_row(loop: Loop, state: TrainingState, clock: Clock, x: torch.Tensor, done: int, lr: float, check: bool,
+            accuracy: float) -> dict[str, Any]:
+    """Append the loss-curve row of step `done` to state.rows and return it: the mean training loss
+    since the last row (whose sum then starts again), a check's validation loss and accuracy, and the
+    largest attention logit on the batch's first sequence (measured on every rank)."""
+    max_logit = attention_logit_max(loop.model, x[:1].to(loop.device))   # the batch's first sequence, on every rank
+    state.max_logit = max(state.max_logit, max_logit)
+    elapsed = clock.seconds(state)
+    state.rows.append({
+        "variant": loop.spec, "seed": loop.config.seed, "step": done, "tokens": done * loop.tokens_per_step, "lr": lr,
+        "train_loss": state.running / state.running_n,
+        "val_loss": state.val if check else float("nan"), "val_accuracy": accuracy,
+        "max_attention_logit": max_logit, "elapsed_s": elapsed,
+        "tokens_per_s": clock.rate(done, loop.tokens_per_step)})
+    state.running, state.running_n = 0.0, 0
+    return state.rows[-1]
+
+
+def save_or_stop(loop: Loop, state: TrainingState, clock: Clock, folder: Path | None, stop: StopRequest | None,
+                 command: str, done: int, last: bool) -> None:
+    """After step `done` (unless it is the last): save the resumable state into `folder` every
+    checkpoint_every steps and on a stop request, and then stop (Interrupted, which names `command`)."""
+    config, device = loop.config, loop.device
+    # a signal to any rank stops every rank after this same step (the largest signal number wins)
+    signum = distributed.max_all(stop.signum or 0, device) if stop is not None else 0
+    if folder is not None and not last and (signum or done % config.checkpoint_every == 0):
+        clock.restart(state, done)
+        if distributed.is_main():
+            checkpoints.save_resume(folder, loop.model, loop.optimizer, state.saved())
+    if signum and not last:
+        raise Interrupted(f"interrupted: {loop.spec} seed {config.seed} stopped at step {done} of {config.steps} and "
+                          f"saved in {folder}; run the same `{command}` again to resume", signum)
+
+
+def summarize(loop: Loop, state: TrainingState, seconds: float, scale_source: str, grad_norm: torch.Tensor,
+              position_grads: dict[str, float]) -> dict[str, Any]:
+    """The summary of a run that trained for `seconds` in all (meta.json's "summary")."""
+    config = loop.config
     criterion = config.criterion_accuracy > 0
-    learned = state["learned"]
-    summary = {"variant": spec, "seed": config.seed, "steps": state["step"], "step_cap": config.steps,
-               "val_loss": state["val"],
-               "val_accuracy": state["checks"][-1][1] if state["checks"] else float("nan"),
-               "criterion": config.criterion_accuracy if criterion else None,
-               "learned": (learned is not None) if criterion else None, "learned_step": learned,
-               "consolidated_steps": state["step"] - state["consolidate_from"] if state["consolidate_from"] else 0,
-               "position_lr_scale": scale, "position_lr_source": scale_source, "precision": config.precision,
-               "grad_norm": float(grad_norm), "position_grad_norms": position_grads,
-               "max_attention_logit": state["max_logit"], "train_seconds": seconds,
-               "tokens_per_s": state["step"] * tokens_per_step / seconds,
-               "n_params": model.n_params(), "position_params": model.n_params(positions_only=True)}
-    return model, state["rows"], summary
+    learned = state.learned
+    return {"variant": loop.spec, "seed": config.seed, "steps": state.step, "step_cap": config.steps,
+            "val_loss": state.val,
+            "val_accuracy": state.checks[-1][1] if state.checks else float("nan"),
+            "criterion": config.criterion_accuracy if criterion else None,
+            "learned": (learned is not None) if criterion else None, "learned_step": learned,
+            "consolidated_steps": state.step - state.consolidate_from if state.consolidate_from else 0,
+            "position_lr_scale": config.position_lr_scale, "position_lr_source": scale_source,
+            "precision": config.precision, "grad_norm": float(grad_norm), "position_grad_norms": position_grads,
+            "max_attention_logit": state.max_logit, "train_seconds": seconds,
+            "tokens_per_s": state.step * loop.tokens_per_step / seconds,
+            "n_params": loop.model.n_params(), "position_params": loop.model.n_params(positions_only=True)}
 
 
 def learned_text(summary: dict[str, Any]) -> str:
-    """"; learned at step 700 (95% at 2 checks)" or "; NOT learned within its 3000 steps" for a run
+    """"; learned at step 700 (accuracy >= 95% held)" or "; NOT learned within its 3000 steps" for a run
     trained to criterion; "" otherwise."""
     if summary.get("learned") is None:
         return ""
@@ -219,9 +292,6 @@ def make_progress(console: Console) -> Progress:
                     TextColumn("{task.fields[speed]} tok/s"), TimeRemainingColumn(), console=console)
 
 
-PACE_STEPS = 10   # steps timed (after one warm-up step) for the expected time printed before a run goes on
-
-
 def expected_time_message(seconds_per_step: float, steps_left: int, runs_left: int, spec: str,
                           capped: bool = False) -> str:
     """One line: how long the runs still to train should take, from the pace of the first one
@@ -232,158 +302,3 @@ def expected_time_message(seconds_per_step: float, steps_left: int, runs_left: i
     return (f"expected: {when} of training for the {runs_left} run(s) to go ({spec} took {seconds_per_step:.2f} s "
             f"per step over its first {PACE_STEPS}; variants on the chunked path are slower). For a faster first "
             f"result: --variants alibi rope xl, or --preset tiny")
-
-
-def train_run(run_dir: Path, specs: list[str], seeds: list[int], run_config: dict[str, Any], splits: Splits,
-              device: torch.device, force: bool, console: Console,
-              logger: tracking.TensorBoard | None = None, jobs: int = 1) -> list[dict[str, Any]]:
-    """Train every variant in `specs` once per seed, skipping those with a finished checkpoint (unless
-    `force`), and save each checkpoint and loss curve as soon as it finishes. Seeds run in order,
-    every variant per seed. Ctrl-C or SIGTERM saves a resumable state and stops (see StopRequest); a
-    variant whose loss stops being finite keeps its last good state and the others go on. Under
-    torchrun rank 0 reads the checkpoints and writes every file; the others learn what it read.
-    `logger`: a tracker (relbench.runs.tracking) that mirrors the loss curves. `jobs` > 1 (CPU, one
-    process): that many runs train side by side, each in a process of its own (relbench/training/jobs.py)
-    with the same weights and curve as alone at its thread count; this process writes every file."""
-    model_config = ModelConfig(**run_config["model"])
-    base = TrainConfig(**run_config["train"])
-    needed = 2 * (model_config.train_length + 1)     # a training window, and room to draw where it starts
-    if len(splits.train) < needed:
-        raise UsageError(f"the training split holds {len(splits.train):,} tokens, too few to draw sequences of "
-                         f"{model_config.train_length + 1} from; give --max-train-tokens {needed:,} or more")
-    for spec in specs:  # fail on a bad variant or option before any training starts
-        positions.build_spec(spec, **model_config.position_shape)
-    summaries, failures, failed, todo = [], [], [], []
-    for seed in seeds:
-        for spec in specs:
-            label = spec if len(seeds) == 1 else f"{spec} seed {seed}"
-            folder = results.checkpoint_dir(run_dir, spec, seed)
-            meta = distributed.on_main(checkpoints.read_meta, folder)
-            if meta and meta.get("finished") and not force:
-                console.print(f"{label}: already trained ({folder}); --force trains it again", markup=False)
-                summaries.append(meta["summary"])
-                continue
-            if force and meta is not None and distributed.is_main():
-                (folder / checkpoints.RESUME_FILE).unlink(missing_ok=True)
-            todo.append(Pair(spec, seed, label, folder, dataclasses.replace(base, seed=seed)))
-    apart = jobs > 1 and len(todo) > 1
-    closing = contextlib.closing(logger) if logger is not None else contextlib.nullcontext()
-    with closing:
-        if apart:
-            from relbench.training import jobs as side_by_side
-
-            outcomes = side_by_side.train_pairs(todo, min(jobs, len(todo)), model_config, splits, device, console,
-                                                 train_pair)
-        else:
-            outcomes = train_in_turn(todo, model_config, base, splits, device, console, logger)
-        with contextlib.closing(outcomes) as runs:   # an error writing one ends the runs still going first
-            for pair, outcome in runs:
-                if outcome["status"] == "diverged":
-                    failures.append(outcome["message"])
-                    failed.append(pair.spec)
-                    continue
-                if logger is not None and apart:   # alone, the rows reached it as they were logged
-                    for row in outcome["rows"]:
-                        logger.row(row)
-                summaries.append(finish_pair(run_dir, pair, outcome, run_config, splits, console))
-    if failures:
-        lower = base.lr / 3
-        retry = (f"the same settings diverge again (training is deterministic); to retry at a lower rate, train "
-                 f"into a new run directory, as `relbench train --preset {run_config.get('preset')} --run-dir "
-                 f"{run_dir}-lr{lower:g} --lr {lower:g} --variants {' '.join(dict.fromkeys(failed))} --seeds "
-                 f"{' '.join(map(str, sorted({p.seed for p in todo if p.spec in failed})))}` (a run directory holds "
-                 f"one configuration; what finished in {run_dir} is kept)")
-        raise RelbenchError(f"{len(failures)} training run(s) diverged, the others finished: " + " | ".join(failures)
-                            + "; " + retry)
-    return summaries
-
-
-@dataclasses.dataclass(frozen=True)
-class Pair:
-    """One training run of a `relbench train`: a variant, a seed, its label and folder, its settings."""
-    spec: str
-    seed: int
-    label: str
-    folder: Path
-    config: TrainConfig
-
-
-def train_in_turn(todo: list[Pair], model_config: ModelConfig, base: TrainConfig, splits: Splits,
-                  device: torch.device, console: Console, logger: tracking.TensorBoard | None):
-    """Yield (pair, outcome) for each run of `todo`, trained one after another in this process,
-    with a progress bar and, after the first run's first steps, the expected time of the rest."""
-    with StopRequest() as stop, make_progress(console) as progress:
-        def pace(seconds_per_step: float, spec: str = "") -> None:
-            progress.console.print(expected_time_message(seconds_per_step, len(todo) * base.steps, len(todo), spec,
-                                                         base.criterion_accuracy > 0), markup=False)
-
-        for index, pair in enumerate(todo):
-            on_pace = (lambda s, spec=pair.spec: pace(s, spec)) if index == 0 else None
-            yield pair, train_pair(pair, model_config, splits, device, progress, stop, on_pace,
-                                   logger and logger.row)
-
-
-def train_pair(pair: Pair, model_config: ModelConfig, splits: Splits, device: torch.device,
-               progress: Progress | None, stop: StopRequest | None,
-               on_pace: Callable[[float], None] | None = None,
-               on_row: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """Train one run: {"status": "finished", "model", "rows", "summary"}, or {"status": "diverged",
-    "message"} with the run's last good state kept in its folder. Out of memory is an error naming
-    what fits; a stop request raises Interrupted after saving where it was."""
-    try:
-        model, rows, summary = train_variant(pair.spec, model_config, pair.config, splits, device, progress,
-                                             pair.folder, stop, on_pace, on_row)
-    except (RuntimeError, MemoryError) as error:
-        if not is_out_of_memory(error):
-            raise
-        raise RelbenchError(
-            f"out of memory training {pair.label} at {distributed.batch_text(pair.config.batch_size)} x --train-length "
-            f"{model_config.train_length} on {device}; finished variants and the last resumable state of "
-            f"this one are kept in {pair.folder.parent.parent}; use a smaller --batch-size or --train-length") from None
-    except Diverged as error:
-        saved = checkpoints.load_resume(pair.folder) if distributed.is_main() else None   # rank 0 owns the folder
-        kept = (f"its last resumable state (step {saved['state']['step']}) is kept in {pair.folder}" if saved
-                else f"no state of it was saved (it diverged before its first checkpoint, step "
-                     f"{pair.config.checkpoint_every})")
-        message = f"{pair.label} diverged: loss {error.loss} at step {error.step + 1}; {kept}"
-        if distributed.is_main():
-            checkpoints.write_status(pair.folder, {"variant": pair.spec, "seed": pair.seed, "finished": False,
-                                                   "status": "diverged", "message": message})
-        if progress is not None:
-            progress.console.print(message, markup=False)
-        return {"status": "diverged", "message": message}
-    model.config.attention = "auto"  # the backend is a runtime choice, not part of the model
-    return {"status": "finished", "model": model, "rows": rows, "summary": summary}
-
-
-def finish_pair(run_dir: Path, pair: Pair, outcome: dict[str, Any], run_config: dict[str, Any], splits: Splits,
-                console: Console) -> dict[str, Any]:
-    """Write a finished run: its loss curve into train.csv, then its checkpoint (weights and meta,
-    the meta last), and print its line; returns its summary."""
-    summary, model = outcome["summary"], outcome["model"]
-    model_dict = outcome.get("model_config") or to_dict(model.config)
-    meta = {"variant": pair.spec, "seed": pair.seed, "finished": True, "status": "finished", "summary": summary,
-            "model": model_dict, "data": run_config["data"],
-            "tokenizer": splits.tokenizer.name, "tokenizer_fingerprint": splits.tokenizer.fingerprint,
-            "train": to_dict(dataclasses.replace(pair.config, position_lr_scale=summary["position_lr_scale"]))}
-    own = plugins.records_for([pair.spec])
-    if own:   # a scheme from the user's own file: which file, which bytes
-        meta["plugin"] = own[0]
-    if distributed.is_main():
-        append_rows(Path(run_dir) / results.TRAIN_CSV, pair.spec, pair.seed, outcome["rows"])
-        checkpoints.save_checkpoint(pair.folder, model, meta)
-    console.print(f"{pair.label}: validation loss {summary['val_loss']:.4f} after {summary['steps']} "
-                  f"steps, {summary['train_seconds']:.0f} s, {summary['tokens_per_s']:,.0f} tokens/s"
-                  + learned_text(summary), markup=False)
-    return summary
-
-
-def append_rows(path: Path, spec: str, seed: int, rows: list[dict[str, Any]]) -> None:
-    new = pd.DataFrame(rows)
-    if path.is_file():
-        old = results.read_csv(path)
-        old = old[~((old["variant"] == spec) & (old["seed"] == seed))]
-        new = pd.concat([old, new], ignore_index=True)
-    results.write_csv(path, new)
-
-

@@ -25,7 +25,8 @@ from rich.console import Console
 from relbench.config import ModelConfig, experiment
 from relbench.data import load_data
 from relbench.runs import checkpoints, results
-from relbench.training.train import Pair, finish_pair, train_variant
+from relbench.training.pairs import Pair, finish_pair
+from relbench.training.train import train_variant
 
 
 def main() -> None:
