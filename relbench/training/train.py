@@ -152,9 +152,9 @@ def train_steps(loop: Loop, state: TrainingState, progress: Progress | None, fol
         newly = newly_learned(loop, state, done)
         if newly is not None and on_learned is not None:
             on_learned(model, done)
-        if state.consolidate_from is None:
-            last = done == config.steps or newly is not None
-        else:
+        if state.consolidate_from is None:     # not learned yet: the cap ends it
+            last = done == config.steps
+        else:                                  # learned (newly_learned set it): consolidation's end ends it
             last = done == state.consolidate_from + config.consolidate_steps
         if last:  # what reaches the position parameters at the end, after clipping (step() keeps .grad)
             position_grads = {name: p.grad.norm().item()
