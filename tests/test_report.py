@@ -69,8 +69,8 @@ def _capture_figures(monkeypatch):
     """The figures the plotting functions save (they close them, but the axes stay inspectable)."""
     from relbench.reporting import plots
 
-    figures, save = [], plots._save
-    monkeypatch.setattr(plots, "_save", lambda fig, path: (figures.append(fig), save(fig, path))[1])
+    figures, save = [], plots.save
+    monkeypatch.setattr(plots, "save", lambda fig, path: (figures.append(fig), save(fig, path))[1])
     return figures
 
 
@@ -81,10 +81,11 @@ def _check_grid(path, figure, n_panels):
     assert len(visible) == n_panels
     assert {ax.get_subplotspec().get_geometry()[:2] for ax in figure.axes} == {(rows, cols)}
     width, height = _png_size(path)
-    # a panel is about 4.2 x 3.6 inches: the image is about cols panels wide and rows panels tall,
-    # not one row of n panels (the old 16-variant attention_cost.png was 6237 x 414 px)
-    assert width / height == pytest.approx((cols * 4.2) / (rows * 3.6), rel=0.3)
-    assert width <= 4 * 4.2 * 110 * 1.15
+    # a panel is about 3.5 x 3.0 inches: the image is about cols panels wide and rows panels tall,
+    # not one row of n panels (the old 16-variant attention_cost.png was 6237 x 414 px), and it fits
+    # a laptop screen at 100% (the 4.2-inch panels made 1,860 px)
+    assert width / height == pytest.approx((cols * 3.5) / (rows * 3.0), rel=0.3)
+    assert width <= 1600
     return visible
 
 
@@ -235,7 +236,8 @@ def test_loss_by_position_draws_every_bin(tmp_path, monkeypatch):
 
 
 def test_a_line_that_stops_early_says_where(tmp_path, monkeypatch):
-    """`learned` has no positions past its training length: its end label says so, at its own end."""
+    """`learned` has no positions past its training length: its panel's title says so; the flat scheme's
+    panel comes first, each titled with its own ratio at its longest length."""
     from relbench.reporting.plots import perplexity_vs_length
 
     figures = _capture_figures(monkeypatch)
@@ -244,5 +246,19 @@ def test_a_line_that_stops_early_says_where(tmp_path, monkeypatch):
                             for v, points in (("learned", [(256, 1.0)]), ("sinusoidal", [(256, 1.0), (1024, 1.5)]))
                             for n, r in points])
     perplexity_vs_length(summary, 256, tmp_path / "ppl.png")
-    notes = {t.get_text(): t.xy for ax in figures[0].axes for t in ax.texts}
-    assert notes == {"learned 1.00 (to 256 only)": (256.0, 1.0), "sinusoidal 1.50": (1024.0, 1.5)}
+    titles = [ax.get_title() for ax in figures[0].axes if ax.get_visible()]
+    assert titles == ["learned\n×1.00 (to 256 only)", "sinusoidal\n×1.50 at 1024"]
+
+
+def test_the_perplexity_figure_of_23_schemes_fits_a_screen_and_no_text_overlaps(tmp_path, monkeypatch):
+    from relbench.reporting.plots import perplexity_vs_length
+
+    figures = _capture_figures(monkeypatch)
+    summary = pd.DataFrame([{"variant": f"scheme-{i}", "protocol": protocol, "status": "ok", "length": n,
+                             "ratio_mean": 1 + i * 0.1 * (n / 256 - 1) / 15, "ratio_ci95": 0.05}
+                            for i in range(23) for protocol in ("nonoverlap, 32,768 tokens", "sliding, stride 512")
+                            for n in (256, 512, 1024, 2048, 4096)])
+    path = perplexity_vs_length(summary, 256, tmp_path / "ppl.png")
+    width, _height = _png_size(path)
+    assert width <= 1600 and sum(ax.get_visible() for ax in figures[0].axes) == 23
+    assert overlapping_texts(figures[0]) == []

@@ -9,6 +9,8 @@
 - passkey.png, mqar.png: retrieval accuracy per variant, length by depth of the key (passkey.csv) or
   by distance from pair to query (mqar.csv), over the seeds that learned the task at 1x (none
   when no seed learned it);
+- passkey_curves.png, mqar_curves.png: the task's answer, accuracy against length per scheme in its
+  tier table's order, each learned seed with their range and mean (reporting/curves.py);
 - copy_distance.png: loss with an earlier copy of the text / with unrelated text in its place, against its distance (copy.csv);
 - attention_cost.png: attention time against length per backend, from profile.csv.
 
@@ -17,7 +19,6 @@ Panels are laid out in rows of at most four.
 
 from __future__ import annotations
 
-import io
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -34,25 +35,11 @@ from relbench import positions
 from relbench.errors import RelbenchError
 from relbench.positions import forms
 from relbench.positions.base import RelativeBias
+from relbench.reporting import curves
+from relbench.reporting.style import grid, save, style_of
 from relbench.runs import checkpoints, results
 
 PLOTS = "plots"
-
-
-def _save(fig, path: Path) -> Path:
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    results.atomic_write_bytes(path, buffer.getvalue())
-    return path
-
-
-MARKERS = "os^vDP*Xhd<>p"
-
-
-def _style(index: int) -> dict[str, Any]:
-    """A distinct colour (tab20) and marker per variant: the default 10-colour cycle repeats at 16 variants."""
-    return {"color": plt.get_cmap("tab20")(index % 20), "marker": MARKERS[index % len(MARKERS)]}
 
 
 def _legend(ax) -> None:
@@ -84,23 +71,6 @@ class _MinorPlain(matplotlib.ticker.Formatter):
         return f"{x:g}" if span <= 10 or (span <= 100 and mantissa in (2, 5)) else ""
 
 
-def _grid(n: int, width: float = 4.2, height: float = 3.6, columns: int = 4, **kwargs):
-    """A figure of n panels in rows of at most `columns` (rows = ceil(n / columns)), each panel
-    `width` x `height` inches; the unused trailing slots hidden. kwargs go to plt.subplots
-    (sharex, sharey). With a shared x, matplotlib labels the ticks of the bottom row only: a panel
-    with a hidden slot below it keeps its own tick labels. Returns the figure and the n axes."""
-    cols = max(1, min(columns, n))
-    rows = -(-n // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False, layout="constrained",
-                             **kwargs)
-    flat = list(axes.flat)
-    for ax in flat[n:]:
-        ax.set_visible(False)
-    for ax in flat[max(0, n - cols):n]:  # nothing visible below these
-        ax.xaxis.set_tick_params(which="both", labelbottom=True)
-    return fig, flat[:n]
-
-
 def family_of(variant: str) -> str:
     """The family a variant's panel is drawn in ("relative bias" for FIRE's position-normalised kind)."""
     try:
@@ -110,57 +80,52 @@ def family_of(variant: str) -> str:
     return family.split(" (")[0] or "other"
 
 
-def _end_labels(ax, ends: list[tuple[str, float, int, float]], x: float, gap: float = 0.075) -> None:
-    """Name each line at its right end, with its last value (and its last length, where it stops
-    before `x`: `learned` has no positions past its training length); labels that would overlap are
-    spread apart vertically (at least `gap` of the axis height) and joined to their line's end."""
-    if not ends:
-        return
-    low, high = ax.get_ylim()
-    to_frac = lambda y: (np.log2(y) - np.log2(low)) / (np.log2(high) - np.log2(low))   # log2 y axis
-    placed = []
-    for variant, y, style, last in sorted(ends, key=lambda e: e[1]):
-        frac = to_frac(y)
-        if placed:
-            frac = max(frac, placed[-1] + gap)
-        placed.append(frac)
-        text = f"{variant} {y:.2f}" + (f" (to {last:g} only)" if last < x else "")
-        ax.annotate(text, xy=(last, y), xycoords="data", xytext=(1.02, frac), textcoords="axes fraction",
-                    fontsize=7, va="center", color=_style(style)["color"],
-                    arrowprops={"arrowstyle": "-", "color": _style(style)["color"], "linewidth": 0.5})
+LINESTYLES = ("-", "--", ":", "-.")
+RATIO_TICKS = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0, 32.0)
+
+
+def ratio_title(variant: str, mine: pd.DataFrame, longest: int) -> str:
+    """A panel's title: the scheme and its ratio at its longest length, saying where a line stops early
+    (`learned` has no positions past its training length)."""
+    last = mine.sort_values("length").iloc[-1]
+    stops = f" (to {int(last['length']):g} only)" if last["length"] < longest else f" at {int(last['length']):g}"
+    return f"{variant}\n×{last['ratio_mean']:.2f}{stops}"
 
 
 def perplexity_vs_length(summary: pd.DataFrame, train_length: int, path: Path) -> Path:
-    """Perplexity at each length as a ratio to the variant's own at the training length, on a log
-    axis, one panel per family of schemes (and per protocol), so that the flat lines of one family
-    are not drawn over another's; each panel has its own legend."""
+    """Perplexity at each length as a ratio to the variant's own at the training length, one small panel
+    per scheme (six to a row, one shared log y axis), its protocols as line styles with their 95%
+    intervals over seeds; panels ordered by the first protocol's ratio at the longest length (the flat
+    first), each titled with that ratio, so that no line is drawn over another scheme's."""
     protocols = list(summary["protocol"].unique())
     shown = summary[summary["status"] == "ok"]
-    families = sorted({family_of(v) for v in shown["variant"].unique()})
-    panels = [(p, f) for p in protocols for f in families]
-    fig, axes = _grid(len(panels), width=4.0, height=3.4, columns=len(families), sharey=True)
-    names = sorted(summary["variant"].unique())
     lengths = sorted(summary["length"].unique())
-    labels = []
-    for ax, (protocol, family) in zip(axes, panels):
-        mine_all = shown[(shown["protocol"] == protocol) & shown["variant"].map(lambda v, f=family: family_of(v) == f)]
-        for variant, mine in mine_all.groupby("variant", sort=False):
-            mine = mine.sort_values("length")
-            ax.errorbar(mine["length"], mine["ratio_mean"], yerr=mine["ratio_ci95"].fillna(0), capsize=3,
-                        label=variant, **_style(names.index(variant)))
-        ax.axvline(train_length, color="grey", linestyle=":")
+    first = shown[shown["protocol"] == protocols[0]]
+    ends = {v: m.sort_values("length")["ratio_mean"].iloc[-1] for v, m in first.groupby("variant", sort=False)}
+    variants = sorted(shown["variant"].unique(), key=lambda v: (ends.get(v, np.inf), v))
+    fig, axes = grid(len(variants), width=2.3, height=2.0, columns=6, sharex=True, sharey=True)
+    for ax, variant in zip(axes, variants):
+        for protocol, style in zip(protocols, LINESTYLES):
+            mine = shown[(shown["protocol"] == protocol) & (shown["variant"] == variant)].sort_values("length")
+            ax.errorbar(mine["length"], mine["ratio_mean"], yerr=mine["ratio_ci95"].fillna(0), capsize=2,
+                        linestyle=style, markersize=3, **style_of(variant))
+        mine = first[first["variant"] == variant]
+        ax.set_title(ratio_title(variant, mine, max(lengths)) if not mine.empty else variant, fontsize=8)
+        ax.axvline(train_length, color="grey", linestyle=":", linewidth=0.8)
         ax.axhline(1.0, color="grey", linewidth=0.6)
-        ax.set_yscale("log", base=2)
-        ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
-        ax.set_title(f"{family}\n" + textwrap.fill(protocol, 38), fontsize=9)   # a panel is ~40 characters wide
         log_axes(ax, lengths)
-        labels.append((ax, [(variant, float(m.sort_values("length")["ratio_mean"].iloc[-1]), names.index(variant),
-                             float(m["length"].max())) for variant, m in mine_all.groupby("variant", sort=False)]))
-    for ax, ends in labels:       # once every panel is drawn: the shared y range is final
-        _end_labels(ax, ends, max(lengths))
+        ax.tick_params(labelsize=7)
+        ax.tick_params(axis="x", labelrotation=45)
+    low, high = axes[0].get_ylim()          # shared: a few plain ticks, no minor labels to run together
+    axes[0].set_yticks([t for t in RATIO_TICKS if low <= t <= high] or [1.0])
+    axes[0].yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    if len(protocols) > 1:                  # the protocols' line styles, in black: every panel has its own colour
+        handles = [matplotlib.lines.Line2D([], [], color="black", linestyle=style) for _, style in zip(protocols, LINESTYLES)]
+        fig.legend(handles, [textwrap.shorten(p, 60) for p in protocols], loc="outside upper center",
+                   ncols=len(protocols), fontsize=8, frameon=False)
     fig.supxlabel(f"evaluation length (tokens); dotted: the training length {train_length}", fontsize=9)
     fig.supylabel("perplexity / perplexity at the training length", fontsize=9)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def loss_by_position(bins: pd.DataFrame, train_length: int, path: Path) -> Path:
@@ -171,19 +136,18 @@ def loss_by_position(bins: pd.DataFrame, train_length: int, path: Path) -> Path:
     if "segment" in here:   # one protocol: the widest measurement at that length (n_tokens is per bin)
         here = here[here["segment"] == here["segment"].max()]
     fig, ax = plt.subplots(figsize=(8.5, 4.2))
-    names = sorted(here["variant"].unique())
     for variant, mine in here.groupby("variant", sort=False):
         per_bin = mine.groupby(["bin_start", "bin_end"]).apply(lambda g: g["loss_sum"].sum() / g["n_tokens"].sum(),
                                                                include_groups=False).reset_index(name="loss")
         centre = (per_bin["bin_start"] + per_bin["bin_end"] - 1) / 2 + 1
-        ax.plot(centre, per_bin["loss"], label=variant, **_style(names.index(variant)))
+        ax.plot(centre, per_bin["loss"], label=variant, **style_of(variant))
     ax.axvline(train_length, color="grey", linestyle=":", label="training length")
     ax.set(xlabel="position in window (log bins)", ylabel="mean loss (nats)",
            title=f"Loss by position at length {longest} ({mode})")
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
     _legend(ax)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def learned_bias(run_dir: Path, config: dict[str, Any], path: Path) -> Path | None:
@@ -207,7 +171,7 @@ def learned_bias(run_dir: Path, config: dict[str, Any], path: Path) -> Path | No
         return None
     train_length = int(config["model"]["train_length"])
     distance = torch.arange(0, 2 * train_length)
-    fig, axes = _grid(len(panels), sharex=True)  # same distances in every panel; biases differ in scale
+    fig, axes = grid(len(panels), sharex=True)  # same distances in every panel; biases differ in scale
     for ax, (variant, layer, enc) in zip(axes, panels):
         with torch.no_grad():
             values = enc.distance_bias(distance).float()                     # (H, D)
@@ -223,7 +187,7 @@ def learned_bias(run_dir: Path, config: dict[str, Any], path: Path) -> Path | No
     axes[0].legend(fontsize=7, title="dashed: ALiBi", title_fontsize=7)
     fig.supxlabel(f"distance i - j (dotted: the training length {train_length})", fontsize=9)
     fig.supylabel("bias - bias at distance 0, per head", fontsize=9)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def attention_cost(profile: pd.DataFrame, path: Path) -> Path | None:
@@ -236,7 +200,7 @@ def attention_cost(profile: pd.DataFrame, path: Path) -> Path | None:
     ok["shape"] = shape_labels(ok)
     several = ok["shape"].nunique() > 1
     variants = list(ok["variant"].unique())
-    fig, axes = _grid(len(variants), sharex=True, sharey=True)
+    fig, axes = grid(len(variants), sharex=True, sharey=True)
     for ax, variant in zip(axes, variants):
         for (backend, shape), mine in ok[ok["variant"] == variant].groupby(["backend", "shape"], sort=False):
             mine = mine.sort_values("length")
@@ -247,7 +211,7 @@ def attention_cost(profile: pd.DataFrame, path: Path) -> Path | None:
     for ax in axes:
         if ax.get_subplotspec().is_first_col():
             ax.set_ylabel("bias + attention forward (ms)")
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def retrieval_heatmaps(rows: pd.DataFrame, train_length: int, path: Path, learned: set[tuple[str, int]],
@@ -265,7 +229,7 @@ def retrieval_heatmaps(rows: pd.DataFrame, train_length: int, path: Path, learne
     variants = list(dict.fromkeys(ok["variant"]))
     lengths = sorted(ok["length"].unique())
     places = sorted(ok["place"].unique())
-    fig, axes = _grid(len(variants), width=3.4, height=2.8 if kind == "passkey" else 3.4)
+    fig, axes = grid(len(variants), width=3.4, height=2.8 if kind == "passkey" else 3.4)
     image = None
     for ax, variant in zip(axes, variants):
         mine = ok[(ok["variant"] == variant) & ok["seed"].map(lambda s, v=variant: (v, int(s)) in learned)]
@@ -280,10 +244,10 @@ def retrieval_heatmaps(rows: pd.DataFrame, train_length: int, path: Path, learne
             ax.set_ylim(-0.5, len(places) - 0.5)
             continue
         pooled = mine.groupby(["place", "length"])[["correct", count]].sum()
-        grid = (pooled["correct"] / pooled[count]).unstack("length").reindex(index=places, columns=lengths)
-        grid = grid.to_numpy(dtype=float)
-        image = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
-        for (i, j), value in np.ndenumerate(grid):
+        cells = (pooled["correct"] / pooled[count]).unstack("length").reindex(index=places, columns=lengths)
+        cells = cells.to_numpy(dtype=float)
+        image = ax.imshow(cells, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
+        for (i, j), value in np.ndenumerate(cells):
             if not np.isnan(value):
                 ax.text(j, i, f"{value:.0%}", ha="center", va="center", fontsize=5 if len(places) > 8 else 6,
                         color="white" if value < 0.6 else "black")
@@ -292,7 +256,7 @@ def retrieval_heatmaps(rows: pd.DataFrame, train_length: int, path: Path, learne
                 else "distance pair -> query (bin from)")
     if image is not None:
         fig.colorbar(image, ax=axes, shrink=0.6, label=f"{kind} accuracy")
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def copy_distance(copies: pd.DataFrame, train_length: int, path: Path) -> Path | None:
@@ -301,12 +265,11 @@ def copy_distance(copies: pd.DataFrame, train_length: int, path: Path) -> Path |
     if ok.empty:
         return None
     fig, ax = plt.subplots(figsize=(8.5, 4.2))
-    names = sorted(ok["variant"].unique())
     for variant, mine in ok.groupby("variant", sort=False):
         mean = mine.groupby("distance")[["ratio", "ratio_low", "ratio_high"]].mean().reset_index()
         ax.errorbar(mean["distance"], mean["ratio"], yerr=[mean["ratio"] - mean["ratio_low"],
                                                            mean["ratio_high"] - mean["ratio"]],
-                    capsize=2, label=variant, **_style(names.index(variant)))
+                    capsize=2, label=variant, **style_of(variant))
     ax.axvline(train_length, color="grey", linestyle=":", label="training length")
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xscale("log", base=2)
@@ -314,7 +277,7 @@ def copy_distance(copies: pd.DataFrame, train_length: int, path: Path) -> Path |
     ax.set(xlabel="distance of the earlier copy (tokens)", ylabel="loss with copy / with unrelated text",
            title="Does the model use a copy of the text d tokens back? (1 = not at all)")
     _legend(ax)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def render_all(run_dir: Path, config: dict[str, Any], summary: pd.DataFrame | None) -> dict[str, Path]:
@@ -333,14 +296,19 @@ def render_all(run_dir: Path, config: dict[str, Any], summary: pd.DataFrame | No
         bias = learned_bias(run_dir, config, folder / "learned_bias.png")
         if bias is not None:
             out["learned bias"] = bias
+    from relbench.evaluation import decisions
     from relbench.evaluation.reach import run_reach
     from relbench.tasks import TASKS
 
     for name, kind in ((TASKS["passkey"].csv, "passkey"), (TASKS["mqar"].csv, "mqar")):
         if config and (run_dir / name).is_file():
-            learned = {(v, s) for v, r in run_reach(run_dir, name).items() for s in r.learned_seeds}
-            out[kind] = retrieval_heatmaps(results.read_csv(run_dir / name), int(config["model"]["train_length"]),
+            found = run_reach(run_dir, name)
+            learned = {(v, s) for v, r in found.items() for s in r.learned_seeds}
+            train_length = int(config["model"]["train_length"])
+            out[kind] = retrieval_heatmaps(results.read_csv(run_dir / name), train_length,
                                            folder / f"{kind}.png", learned, kind)
+            out[f"{kind} curves"] = curves.draw(decisions.decide(found, kind, train_length), found,
+                                                folder / f"{kind}_curves.png")
     copy_csv = TASKS["copy"].csv
     if config and (run_dir / copy_csv).is_file():
         out["copy distance"] = copy_distance(results.read_csv(run_dir / copy_csv), int(config["model"]["train_length"]),
