@@ -119,3 +119,25 @@ def test_the_checks_fail_on_a_dead_link_and_a_bad_command(tmp_path):
     assert "Invalid value for '--steps'" in parse("relbench train --steps five")
     assert parse("relbench finetune") is None and parse("relbench trian") is not None
     assert parse("relbench train --steps 5 --variants xl t5") is None
+
+
+def test_every_image_in_the_readme_and_docs_exists():
+    for page in PAGES:
+        for target in re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", outside_code(page.read_text())):
+            assert (page.parent / target).is_file(), f"{page.name}: {target}"
+
+
+def test_the_readme_is_short_and_its_headline_is_the_committed_results_own():
+    """A newcomer's page: at most 150 lines, and its headline table, at most six columns, exactly what
+    scripts/readme_headline.py computes from results/ now (rerun it with --write after a regeneration)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("readme_headline", ROOT / "scripts" / "readme_headline.py")
+    headline = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(headline)
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 150
+    table = headline.table()
+    assert f"{headline.BEGIN}\n{table}\n{headline.END}" in readme
+    assert table.splitlines()[0].count("|") - 1 <= 6
+    assert headline.replace(readme.replace(table, "| stale |"), table) == readme
