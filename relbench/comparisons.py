@@ -116,6 +116,13 @@ def paired_test(a: dict[int, float], b: dict[int, float], noise: dict[int, float
     return PairedTest(summary.n, summary.mean, std, summary.mean - half, summary.mean + half, p)
 
 
+def unresolved(a: dict[int, float], b: dict[int, float]) -> bool | None:
+    """Whether seeds cannot tell a from b: the 95% interval of the mean paired difference (paired_test,
+    no trial noise, no correction for other pairs) contains 0. None when fewer than two seeds are shared."""
+    test = paired_test(a, b)
+    return None if test is None else test.low <= 0 <= test.high
+
+
 def holm(p_values: dict, alpha: float = ALPHA) -> tuple[dict, dict]:
     """Holm's step-down over a family: (adjusted p-values, rejected) by key. The i-th smallest of m
     is compared with alpha / (m - i + 1); the first that fails stops the rejections. The adjusted

@@ -62,17 +62,6 @@ def summarize(values: list[float]) -> Summary:
     return Summary(n, mean, std, t975(n - 1) * std / math.sqrt(n))
 
 
-def unresolved(a: dict[int, float], b: dict[int, float]) -> bool | None:
-    """Whether seeds cannot tell a from b: the 95% interval of the mean paired difference (over
-    the seeds both have) contains 0. None when fewer than two seeds are shared."""
-    common = sorted(set(a) & set(b))
-    differences = [a[s] - b[s] for s in common if not (math.isnan(a[s]) or math.isnan(b[s]))]
-    if len(differences) < 2:
-        return None
-    summary = summarize(differences)
-    return summary.low <= 0 <= summary.high
-
-
 def wilson(successes: float, trials: int, z: float = _Z975) -> tuple[float, float]:
     """Wilson score interval (two-sided 95% by default) of a proportion `successes / trials`
     (Wilson 1927): unlike the normal approximation it stays inside [0, 1] and is not zero-width at

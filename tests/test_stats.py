@@ -4,7 +4,8 @@ import math
 
 import pytest
 
-from relbench.stats import summarize, t975, unresolved
+from relbench.comparisons import unresolved
+from relbench.stats import summarize, t975
 
 
 def test_t_quantiles_match_tables():

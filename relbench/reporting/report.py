@@ -18,12 +18,12 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from relbench.comparisons import MARGIN
+from relbench.comparisons import MARGIN, unresolved
 from relbench.errors import RelbenchError
 from relbench.evaluation.summaries import recorded_summary
 from relbench.reporting import overview, tiers
 from relbench.runs import results
-from relbench.stats import summarize, unresolved
+from relbench.stats import summarize
 from relbench.training import finetune
 
 PIVOT_CSV = "extrapolation_pivot.csv"
