@@ -499,6 +499,8 @@ MUTATIONS = [
      'if last["length"] < longest else', 'if False else', PLOTS),
     ("docs: the README's headline table drifts from the committed results", "scripts/readme_headline.py",
      '        return "not learned"', '        return "-"', DOCS),
+    ("decide: the projection counts pairs that need more seeds than it projects", "relbench/evaluation/decisions.py",
+     "c.seeds_needed is not None and c.seeds_needed <= seeds", "c.seeds_needed is not None", DECIDE),
 ]
 
 

@@ -122,3 +122,15 @@ def test_report_refuses_a_margin_outside_zero_and_one(tmp_path, margin):
     from test_cli import assert_one_line_error, run
 
     assert_one_line_error(run("report", "--run-dir", tmp_path, "--margin", margin), 2, "--margin must be between 0 and 1")
+
+
+def test_the_projection_counts_the_pairs_the_observed_differences_would_separate():
+    def pair(decision, needed=None):
+        return cmp.Comparison("a", "b", None, math.nan, decision, needed)
+
+    family = decisions.Family("beyond", {}, [pair(cmp.DIFFERENT), pair(cmp.EQUIVALENT), pair(cmp.NOT_SEPARATED, 8),
+                                             pair(cmp.NOT_SEPARATED, 13), pair(cmp.NOT_SEPARATED), pair(cmp.UNTESTED)], {})
+    assert family.projected(6) == pytest.approx(2 / 6)         # decided now
+    assert family.projected(8) == pytest.approx(3 / 6)         # + the pair 8 seeds separate
+    assert family.projected(20) == pytest.approx(4 / 6)        # never the one no count of seeds separates
+    assert math.isnan(decisions.Family("beyond", {}, [], {}).projected(10))
