@@ -264,7 +264,7 @@ def test_a_run_recorded_before_a_key_existed_matches_that_key_at_its_default():
     configuration today, and another one once the key is set."""
     from dataclasses import asdict
 
-    from relbench.runs.results import differences
+    from relbench.runs.runconfig import differences
 
     found = config.experiment("retrieval")
     new = {"model": asdict(found.model), "train": {k: v for k, v in asdict(found.train).items() if k != "seed"},

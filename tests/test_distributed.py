@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from relbench.cli import app
 from relbench.config import TrainConfig
 from relbench.errors import UsageError
-from relbench.runs import checkpoints, distributed, results
+from relbench.runs import checkpoints, distributed, results, rundir
 from relbench.training.batches import weights as passkey_weights
 from relbench.training.step import loss_denominator, rank_loss, weighted_loss
 
@@ -47,7 +47,7 @@ def finish(process: subprocess.Popen) -> tuple[int, str, str]:
 
 
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    return torch.load(results.checkpoint_dir(run_dir, "xl", 0) / checkpoints.MODEL_FILE, weights_only=True)
+    return torch.load(rundir.checkpoint_dir(run_dir, "xl", 0) / checkpoints.MODEL_FILE, weights_only=True)
 
 
 def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -56,7 +56,7 @@ def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> fl
 
 
 def summary(run_dir: Path) -> dict:
-    return checkpoints.read_meta(results.checkpoint_dir(run_dir, "xl", 0))["summary"]
+    return checkpoints.read_meta(rundir.checkpoint_dir(run_dir, "xl", 0))["summary"]
 
 
 def curve(run_dir: Path) -> pd.DataFrame:
@@ -110,7 +110,7 @@ def _workers(torchrun_pid: int) -> dict[int, int]:
 def _interrupt(run_dir: Path, send) -> int:
     """Start the training, wait for a resumable checkpoint newer than any before it, `send(process)`
     a signal; returns the step it stopped at, after checking it said so in one line."""
-    path = results.checkpoint_dir(run_dir, "xl", 0) / checkpoints.RESUME_FILE
+    path = rundir.checkpoint_dir(run_dir, "xl", 0) / checkpoints.RESUME_FILE
     before = path.stat().st_mtime_ns if path.exists() else None
     process = torchrun(*TRAIN, "--run-dir", run_dir)
     deadline = time.time() + 120

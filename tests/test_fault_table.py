@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from test_cli import assert_one_line_error, run
 
-from relbench.runs import results
+from relbench.runs import results, rundir
 
 TINY = ["--preset", "tiny", "--variants", "alibi"]
 
@@ -137,7 +137,7 @@ def test_workers_of_a_killed_parent_stop_save_and_resume(tmp_path):
         os.kill(pid, signal.SIGKILL)
     assert not alive, f"workers {alive} outlived their parent"
     for variant in ("alibi", "xl"):
-        assert (results.checkpoint_dir(run_dir, variant, 0) / "resume.pt").is_file()
+        assert (rundir.checkpoint_dir(run_dir, variant, 0) / "resume.pt").is_file()
 
 
 @pytest.mark.parametrize("command", [["check"], ["train", "--preset", "tiny", "--plugin"]])

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from relbench.cli import app
-from relbench.runs import checkpoints, results
+from relbench.runs import checkpoints, results, rundir
 
 runner = CliRunner()
 STEPS = 150
@@ -35,7 +35,7 @@ def run(*args):
 
 
 def state(run_dir: Path, spec: str = "xl", seed: int = 0) -> dict[str, torch.Tensor]:
-    return torch.load(results.checkpoint_dir(run_dir, spec, seed) / checkpoints.MODEL_FILE, weights_only=True)
+    return torch.load(rundir.checkpoint_dir(run_dir, spec, seed) / checkpoints.MODEL_FILE, weights_only=True)
 
 
 def curve(run_dir: Path) -> pd.DataFrame:
@@ -64,7 +64,7 @@ def test_killed_and_resumed_training_ends_with_identical_weights(uninterrupted, 
     """Interrupt `relbench train` at random steps with SIGINT, SIGTERM and SIGKILL, several times in
     a row, resuming each time: the final weights and loss curve equal the uninterrupted run's."""
     rng = random.Random(1234)
-    folder = results.checkpoint_dir(tmp_path, "xl", 0)
+    folder = rundir.checkpoint_dir(tmp_path, "xl", 0)
     interruptions = []
     for attempt in range(8):
         process = train_process(tmp_path)
@@ -160,14 +160,14 @@ def one_line_error(result, *fragments):
 
 @pytest.mark.parametrize("keep", [0, 100, 0.5])
 def test_truncated_checkpoint_is_detected_with_its_path(finished, keep):
-    path = results.checkpoint_dir(finished, "xl", 0) / checkpoints.MODEL_FILE
+    path = rundir.checkpoint_dir(finished, "xl", 0) / checkpoints.MODEL_FILE
     data = path.read_bytes()
     path.write_bytes(data[: int(keep * len(data)) if isinstance(keep, float) else keep])
     one_line_error(run("extrapolate", "--run-dir", finished, "--lengths", 128), str(path), "corrupt")
 
 
 def test_flipped_byte_in_checkpoint_is_detected(finished):
-    path = results.checkpoint_dir(finished, "xl", 0) / checkpoints.MODEL_FILE
+    path = rundir.checkpoint_dir(finished, "xl", 0) / checkpoints.MODEL_FILE
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
@@ -188,7 +188,7 @@ def test_truncated_csv_is_detected_and_left_alone(finished, name):
 
 
 def test_truncated_resume_state_is_reported(tmp_path):
-    folder = results.checkpoint_dir(tmp_path, "xl", 0)
+    folder = rundir.checkpoint_dir(tmp_path, "xl", 0)
     process = subprocess.Popen([sys.executable, "-m", "relbench", *TRAIN, "--run-dir", str(tmp_path)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.time() + 60
@@ -282,7 +282,7 @@ def test_fuzzed_sizes_are_trained_or_refused_in_one_line(tmp_path_factory, batch
 
 
 def test_second_process_on_a_run_directory_is_refused(finished):
-    with results.RunLock(finished):
+    with rundir.RunLock(finished):
         one_line_error(run("extrapolate", "--run-dir", finished, "--lengths", 32), "another relbench process",
                        str(os.getpid()))
     assert run("report", "--run-dir", finished).exit_code == 0  # released
@@ -295,7 +295,8 @@ def test_relbench_imports_without_posix_only_modules():
 
     code = ("import sys, warnings\nwarnings.simplefilter('ignore')\n"
             "sys.modules.update(fcntl=None, resource=None, termios=None)\n"
-            "import relbench.cli, relbench.runs.results, relbench.cost.profiling, relbench.evaluation.extrapolate\nprint('ok')")
+            "import relbench.cli, relbench.runs.results, relbench.runs.rundir, relbench.cost.profiling, "
+            "relbench.evaluation.extrapolate\nprint('ok')")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "ok", done.stderr
 
@@ -304,8 +305,8 @@ def test_a_lock_held_by_another_process_is_refused_with_its_pid(finished):
     import subprocess
     import sys
 
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom relbench.runs import results\n"
-                               f"with results.RunLock({str(finished)!r}):\n    print('held', flush=True)\n"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom relbench.runs import rundir\n"
+                               f"with rundir.RunLock({str(finished)!r}):\n    print('held', flush=True)\n"
                                "    sys.stdin.readline()"],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -401,11 +402,11 @@ def test_diverging_variant_stops_keeps_its_last_good_state_and_others_finish(tmp
     result = run("train", "--preset", "tiny", "--variants", "xl", "alibi", "--run-dir", tmp_path)
     one_line_error(result, "diverged", "xl", "at step 13", "last resumable state (step 10)",
                    f"relbench train --preset tiny --run-dir {tmp_path}-lr0.001 --lr 0.001 --variants xl --seeds 0")
-    xl = checkpoints.read_meta(results.checkpoint_dir(tmp_path, "xl", 0))
+    xl = checkpoints.read_meta(rundir.checkpoint_dir(tmp_path, "xl", 0))
     assert xl["status"] == "diverged" and not xl["finished"]
-    kept = checkpoints.load_resume(results.checkpoint_dir(tmp_path, "xl", 0))
+    kept = checkpoints.load_resume(rundir.checkpoint_dir(tmp_path, "xl", 0))
     assert kept["state"]["step"] == 10   # the last periodic checkpoint before step 12
-    assert checkpoints.read_meta(results.checkpoint_dir(tmp_path, "alibi", 0))["finished"]
+    assert checkpoints.read_meta(rundir.checkpoint_dir(tmp_path, "alibi", 0))["finished"]
 
 
 def test_out_of_memory_in_training_is_one_line_and_keeps_what_was_done(tmp_path, monkeypatch):
@@ -428,13 +429,13 @@ def test_out_of_memory_in_training_is_one_line_and_keeps_what_was_done(tmp_path,
     result = run("train", "--preset", "tiny", "--variants", "xl", "alibi", "--run-dir", tmp_path)
     one_line_error(result, "out of memory training alibi at --batch-size 8 x --train-length 32", str(tmp_path),
                    "use a smaller --batch-size")
-    assert checkpoints.read_meta(results.checkpoint_dir(tmp_path, "xl", 0))["finished"]
-    kept = checkpoints.load_resume(results.checkpoint_dir(tmp_path, "alibi", 0))
+    assert checkpoints.read_meta(rundir.checkpoint_dir(tmp_path, "xl", 0))["finished"]
+    kept = checkpoints.load_resume(rundir.checkpoint_dir(tmp_path, "alibi", 0))
     assert kept["state"]["step"] == 5   # the last periodic checkpoint before the failing step 8
     result = run("train", "--preset", "tiny", "--variants", "xl", "alibi", "--run-dir", tmp_path)
     assert result.exit_code == 0, result.output
     assert "xl: already trained" in result.output
-    assert checkpoints.read_meta(results.checkpoint_dir(tmp_path, "alibi", 0))["finished"]
+    assert checkpoints.read_meta(rundir.checkpoint_dir(tmp_path, "alibi", 0))["finished"]
 
 
 def test_training_log_records_the_largest_attention_logit(uninterrupted):
@@ -487,5 +488,5 @@ def test_a_run_that_diverges_before_its_first_checkpoint_says_so_and_its_retry_w
     assert printed[:2] == ["relbench", "train"]
     again = run(*printed[1:])
     assert again.exit_code == 0, again.output
-    assert checkpoints.read_meta(results.checkpoint_dir(Path(f"{run_dir}-lr0.001"), "xl", 0))["finished"]
-    assert checkpoints.read_meta(results.checkpoint_dir(run_dir, "alibi", 0))["finished"]     # kept
+    assert checkpoints.read_meta(rundir.checkpoint_dir(Path(f"{run_dir}-lr0.001"), "xl", 0))["finished"]
+    assert checkpoints.read_meta(rundir.checkpoint_dir(run_dir, "alibi", 0))["finished"]     # kept

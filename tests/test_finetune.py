@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from relbench.cli import app
 from relbench.config import TrainConfig
-from relbench.runs import checkpoints, results
+from relbench.runs import checkpoints, results, rundir
 from relbench.training import step as training_step
 from relbench.training import train
 from relbench.training.batches import training_batch
@@ -34,13 +34,13 @@ def sha256(path) -> str:
 def originals(run_dir) -> dict[str, str]:
     files = [run_dir / results.TRAIN_CSV]
     for spec in ("rope", "alibi", "learned"):
-        folder = results.checkpoint_dir(run_dir, spec, 0)
+        folder = rundir.checkpoint_dir(run_dir, spec, 0)
         files += [folder / checkpoints.MODEL_FILE, folder / checkpoints.META_FILE]
     return {str(f.relative_to(run_dir)): sha256(f) for f in files}
 
 
 def weights(run_dir, spec: str) -> dict[str, torch.Tensor]:
-    return torch.load(results.checkpoint_dir(run_dir, spec, 0) / checkpoints.MODEL_FILE, weights_only=True)
+    return torch.load(rundir.checkpoint_dir(run_dir, spec, 0) / checkpoints.MODEL_FILE, weights_only=True)
 
 
 def curve(run_dir) -> pd.DataFrame:
@@ -70,16 +70,16 @@ def tuned(trained, tmp_path_factory):
 
 def test_finetune_writes_new_checkpoints_beside_untouched_originals(tuned):
     for spec in ("rope", "alibi"):
-        meta = checkpoints.read_meta(results.checkpoint_dir(tuned, f"{spec}+ft{LENGTH}", 0))
+        meta = checkpoints.read_meta(rundir.checkpoint_dir(tuned, f"{spec}+ft{LENGTH}", 0))
         assert meta["finished"] and meta["variant"] == f"{spec}+ft{LENGTH}"
         assert meta["finetune"] == {"from": spec, "length": LENGTH, "steps": STEPS, "lr": 3e-3, "batch_size": 4,
                                     "warmup_steps": 1, "data_offset": STEPS, "source_sha256":
-                                    checkpoints.read_meta(results.checkpoint_dir(tuned, spec, 0))["sha256"]}
+                                    checkpoints.read_meta(rundir.checkpoint_dir(tuned, spec, 0))["sha256"]}
         assert meta["model"]["train_length"] == 32 and meta["model"]["position"] == spec   # the model as trained
         before, after = weights(tuned, spec), weights(tuned, f"{spec}+ft{LENGTH}")
         assert before.keys() == after.keys()
         assert any(not torch.equal(before[k], after[k]) for k in before)
-    assert not results.checkpoint_dir(tuned, f"learned+ft{LENGTH}", 0).exists()
+    assert not rundir.checkpoint_dir(tuned, f"learned+ft{LENGTH}", 0).exists()
     log = pd.read_csv(tuned / "finetune.csv")
     assert sorted(set(log["variant"])) == ["alibi+ft64", "rope+ft64"] and (log["length"] == LENGTH).all()
     assert sorted(log[log["variant"] == "rope+ft64"]["step"]) == [1, 2, 3]
@@ -115,9 +115,9 @@ def hand_continuation(run_dir, form: str = "") -> torch.nn.Module:
 
     splits = load_run_splits(results.read_json(run_dir / results.CONFIG))
     tokens = torch.from_numpy(splits.train)
-    meta = checkpoints.read_meta(results.checkpoint_dir(run_dir, "rope", 0))
+    meta = checkpoints.read_meta(rundir.checkpoint_dir(run_dir, "rope", 0))
     config = TrainConfig(**{**meta["train"], "steps": STEPS, "batch_size": 4, "warmup_steps": 1})
-    model = checkpoints.load_model(results.checkpoint_dir(run_dir, "rope", 0)).train()
+    model = checkpoints.load_model(rundir.checkpoint_dir(run_dir, "rope", 0)).train()
     if form:
         forms.apply(model, form)
     optimizer = training_step.make_optimizer(model, config)
@@ -156,7 +156,7 @@ def test_interrupted_finetune_resumes_to_the_uninterrupted_weights(trained, tune
     result = run("finetune", "--length", LENGTH, "--steps", STEPS, "--variants", "rope", "--run-dir", run_dir)
     assert result.exit_code == 143, result.output
     assert "interrupted:" in result.output and "relbench finetune" in result.output
-    folder = results.checkpoint_dir(run_dir, "rope+ft64", 0)
+    folder = rundir.checkpoint_dir(run_dir, "rope+ft64", 0)
     assert checkpoints.load_resume(folder)["state"]["step"] == 1 and checkpoints.read_meta(folder) is None
     monkeypatch.undo()
     result = run("finetune", "--length", LENGTH, "--steps", STEPS, "--variants", "rope", "--run-dir", run_dir)
@@ -206,7 +206,7 @@ def tuned_pi(trained, tmp_path_factory):
 def test_a_form_is_fine_tuned_under_with_its_factor_pinned(tuned, tuned_pi):
     """PI's fine-tuning (Chen et al. 2023): the model trains under the form, s = 64 / 32 = 2 written into
     the entry; its weights are the hand-driven continuation with PI(factor=2) set, not plain rope's."""
-    meta = checkpoints.read_meta(results.checkpoint_dir(tuned_pi, PI, 0))
+    meta = checkpoints.read_meta(rundir.checkpoint_dir(tuned_pi, PI, 0))
     assert meta["variant"] == PI and meta["finetune"]["form"] == "pi:factor=2" and meta["model"]["position"] == "rope"
     assert results.read_json(tuned_pi / results.CONFIG)["finetune"][PI]["command"].startswith(
         f"relbench finetune --run-dir {tuned_pi} --length 64 --steps 3 --variants rope@pi:factor=2 --seeds 0")
@@ -222,7 +222,7 @@ def test_a_checkpoint_fine_tuned_under_a_form_is_evaluated_with_it_at_every_leng
     explicit form "@pi:factor=2" (so the factor stays 2 at 128, not 128 / 32), and differ without it."""
     run_dir = tmp_path / "run"
     shutil.copytree(tuned_pi, run_dir)
-    shutil.copytree(results.checkpoint_dir(run_dir, PI, 0), results.checkpoint_dir(run_dir, "rope+ft64", 0))
+    shutil.copytree(rundir.checkpoint_dir(run_dir, PI, 0), rundir.checkpoint_dir(run_dir, "rope+ft64", 0))
     specs = [PI, "rope+ft64@pi:factor=2", "rope+ft64", "rope@pi"]
     result = run("extrapolate", "--run-dir", run_dir, "--lengths", 32, 128, "--variants", *specs, "--task", "perplexity")
     assert result.exit_code == 0, result.output
@@ -247,7 +247,7 @@ def test_the_control_continues_at_the_training_length_with_the_same_tokens(train
     log = pd.read_csv(run_dir / "finetune.csv")
     assert sorted(set(log["variant"])) == ["alibi+ft32", "learned+ft32", "rope+ft32"]
     assert (log["tokens"] == log["step"] * 8 * 32).all()
-    meta = checkpoints.read_meta(results.checkpoint_dir(run_dir, "rope+ft32", 0))
+    meta = checkpoints.read_meta(rundir.checkpoint_dir(run_dir, "rope+ft32", 0))
     assert meta["finetune"]["length"] == 32 and meta["finetune"]["batch_size"] == 8
     assert any(not torch.equal(weights(run_dir, "rope")[k], weights(run_dir, "rope+ft32")[k]) for k in weights(run_dir, "rope"))
 
@@ -261,7 +261,7 @@ def test_lr_and_batch_size_options_are_the_ones_used(trained, tmp_path):
     log = pd.read_csv(run_dir / "finetune.csv")
     assert log["lr"].iloc[0] == pytest.approx(1e-3)            # one warm-up step: step 1 at the peak
     assert list(log["tokens"]) == [3 * 96, 2 * 3 * 96]
-    record = checkpoints.read_meta(results.checkpoint_dir(run_dir, "alibi+ft96", 0))["finetune"]
+    record = checkpoints.read_meta(rundir.checkpoint_dir(run_dir, "alibi+ft96", 0))["finetune"]
     assert record["lr"] == 1e-3 and record["batch_size"] == 3 and record["length"] == 96
 
 

@@ -9,7 +9,7 @@ import pytest
 from test_cli import assert_one_line_error, run
 from test_fault_table import trained  # noqa: F401  (the fixture: a tiny trained and evaluated run)
 
-from relbench.runs import checkpoints, results
+from relbench.runs import checkpoints, results, rundir
 
 
 @pytest.fixture
@@ -57,7 +57,7 @@ def test_verify_repairs_a_lost_record_of_whole_files_and_says_so(copy):
 
 
 def test_verify_finds_a_checkpoint_that_does_not_match_its_meta(copy):
-    model = results.checkpoint_dir(copy, "alibi", 0) / checkpoints.MODEL_FILE
+    model = rundir.checkpoint_dir(copy, "alibi", 0) / checkpoints.MODEL_FILE
     model.write_bytes(model.read_bytes()[:100])
     done = run("verify", "--run-dir", copy)
     assert done.exit_code == 1 and "checksum mismatch" in done.output
@@ -67,7 +67,7 @@ def test_a_run_without_its_config_is_adopted_by_no_configuration(copy):
     (copy / results.CONFIG).unlink()
     done = run("train", "--preset", "tiny", "--variants", "xl", "--steps", 5, "--run-dir", copy)
     assert_one_line_error(done, 2, "no config.json", "restore")
-    assert not results.checkpoint_dir(copy, "xl", 0).exists()
+    assert not rundir.checkpoint_dir(copy, "xl", 0).exists()
 
 
 def test_a_damaged_config_says_to_restore_it_not_to_delete_it(copy):
@@ -80,7 +80,7 @@ def test_a_damaged_config_says_to_restore_it_not_to_delete_it(copy):
 def test_merge_refuses_a_truncated_checkpoint_and_writes_nothing(trained, tmp_path):  # noqa: F811
     source = tmp_path / "source"
     assert run("train", "--preset", "tiny", "--variants", "xl", "--run-dir", source).exit_code == 0
-    model = results.checkpoint_dir(source, "xl", 0) / checkpoints.MODEL_FILE
+    model = rundir.checkpoint_dir(source, "xl", 0) / checkpoints.MODEL_FILE
     model.write_bytes(model.read_bytes()[:100])
     target = tmp_path / "target"
     shutil.copytree(trained, target)
@@ -94,7 +94,7 @@ def test_merge_refuses_a_truncated_checkpoint_and_writes_nothing(trained, tmp_pa
 def test_the_fix_printed_for_a_corrupt_checkpoint_works_as_printed(copy):
     import shlex
 
-    model = results.checkpoint_dir(copy, "alibi", 0) / checkpoints.MODEL_FILE
+    model = rundir.checkpoint_dir(copy, "alibi", 0) / checkpoints.MODEL_FILE
     model.write_bytes(model.read_bytes()[:100])
     done = run("extrapolate", "--run-dir", copy, "--lengths", 32, "--force")
     assert done.exit_code == 1 and "corrupt or truncated" in done.output

@@ -23,7 +23,7 @@ from relbench.cli.common import resolve_jobs
 from relbench.config import ModelConfig, TrainConfig
 from relbench.cost import memory
 from relbench.errors import UsageError
-from relbench.runs import checkpoints, results
+from relbench.runs import checkpoints, rundir
 
 runner = CliRunner()
 VARIANTS = ["alibi", "xl", "rope"]
@@ -40,7 +40,7 @@ def curve(run_dir: Path) -> pd.DataFrame:
 
 
 def weights(run_dir: Path, spec: str, seed: int = 0) -> dict[str, torch.Tensor]:
-    return torch.load(results.checkpoint_dir(run_dir, spec, seed) / checkpoints.MODEL_FILE, weights_only=True)
+    return torch.load(rundir.checkpoint_dir(run_dir, spec, seed) / checkpoints.MODEL_FILE, weights_only=True)
 
 
 @pytest.fixture()
@@ -79,12 +79,12 @@ def test_side_by_side_runs_train_the_weights_and_curves_of_runs_alone(alone, tmp
             assert expected.keys() == got.keys()
             for name in expected:
                 assert torch.equal(expected[name], got[name]), (spec, seed, name)
-            a = checkpoints.read_meta(results.checkpoint_dir(alone, spec, seed))
-            b = checkpoints.read_meta(results.checkpoint_dir(tmp_path, spec, seed))
+            a = checkpoints.read_meta(rundir.checkpoint_dir(alone, spec, seed))
+            b = checkpoints.read_meta(rundir.checkpoint_dir(tmp_path, spec, seed))
             assert a["sha256"] == b["sha256"] and a["model"] == b["model"] and a["train"] == b["train"]
             for key in ("val_loss", "steps", "n_params", "position_lr_scale"):
                 assert a["summary"][key] == b["summary"][key], key
-            assert not (results.checkpoint_dir(tmp_path, spec, seed) / checkpoints.RESUME_FILE).exists()
+            assert not (rundir.checkpoint_dir(tmp_path, spec, seed) / checkpoints.RESUME_FILE).exists()
     # a second command finds them all trained and trains nothing
     again = run(*TRAIN, "--variants", *VARIANTS, "--seeds", 0, 1, "--run-dir", tmp_path, "--jobs", 2)
     assert again.exit_code == 0 and again.output.count("already trained") == 6, again.output
@@ -144,7 +144,7 @@ def _wait_for_progress(process: subprocess.Popen, folders: list[Path]) -> None:
 def test_ctrl_c_stops_every_side_by_side_run_after_saving_it(tmp_path):
     """SIGINT to the parent: each child stops after its step and saves where it was, the command
     exits 130 with one "interrupted:" line, and nothing is marked finished."""
-    folders = [results.checkpoint_dir(tmp_path, spec, 0) for spec in ("alibi", "xl")]
+    folders = [rundir.checkpoint_dir(tmp_path, spec, 0) for spec in ("alibi", "xl")]
     process = _start(tmp_path, 4000)
     _wait_for_progress(process, folders)
     before = [resume_step(f) for f in folders]
@@ -178,7 +178,7 @@ def test_a_killed_child_loses_only_its_own_run(tmp_path):
     """SIGKILL to one child: the other run finishes and is written, the dead one's last resumable
     state is kept, and the command ends with exit code 1 naming it."""
     process = _start(tmp_path, 1500)
-    folders = [results.checkpoint_dir(tmp_path, spec, 0) for spec in ("alibi", "xl")]
+    folders = [rundir.checkpoint_dir(tmp_path, spec, 0) for spec in ("alibi", "xl")]
     _wait_for_progress(process, folders)
     children = _children(process.pid)
     assert len(children) == 2, children

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from relbench.cli import app
 from relbench.errors import UsageError
 from relbench.evaluation.extrapolate import result_tables
-from relbench.runs import machine, results
+from relbench.runs import machine, results, rundir
 from relbench.runs.merge import merge_runs
 
 runner = CliRunner()
@@ -54,10 +54,10 @@ def test_merge_folds_every_table_checkpoint_and_pair(workers, tmp_path):
     target = tmp_path / "all"
     result = run("merge", workers / "a", workers / "b", "--run-dir", target)
     assert result.exit_code == 0, result.output
-    config = results.require_run(target)
+    config = rundir.require_run(target)
     assert config["variants"] == ["alibi", "xl"] and config["seeds"] == [0, 1]
     assert [m["run"] for m in config["merged_from"]] == [str(workers / "a"), str(workers / "b")]
-    assert config["merged_from"][1]["environment"] == results.require_run(workers / "b")["environment"]
+    assert config["merged_from"][1]["environment"] == rundir.require_run(workers / "b")["environment"]
     assert sorted(p.name for p in (target / "checkpoints").iterdir()) == ["alibi-seed0", "alibi-seed1", "xl-seed0",
                                                                               "xl-seed1"]
     for name in ("meta.json", "model.pt"):
@@ -78,7 +78,7 @@ def test_merge_folds_every_table_checkpoint_and_pair(workers, tmp_path):
     report = (target / "report.md").read_text()
     assert "| alibi |" in report and "| xl |" in report
     # the report names the machine of every folded run, not only the first one's
-    commit_b = results.require_run(workers / "b")["environment"]["git_commit"] or "unknown"
+    commit_b = rundir.require_run(workers / "b")["environment"]["git_commit"] or "unknown"
     assert f"Folded in (`relbench merge`) from {workers / 'b'}: xl, alibi, seeds 0, 1, trained on " in report
     assert report.count(f"at commit {commit_b}") >= 2 and report.count("Folded in") == 2
     before = _rows(target, "extrapolation.csv")
@@ -152,7 +152,7 @@ def test_a_seed_configured_but_never_finished_is_not_recorded(workers, tmp_path)
     target = tmp_path / "all"
     result = run("merge", source, "--run-dir", target)
     assert result.exit_code == 0, result.output
-    merged = results.require_run(target)
+    merged = rundir.require_run(target)
     assert merged["seeds"] == [0] and merged["variants"] == ["alibi"]
     assert [(m["variants"], m["seeds"]) for m in merged["merged_from"]] == [(["alibi"], [0])]
     assert run("report", "--run-dir", target).exit_code == 0
@@ -213,6 +213,6 @@ def test_merge_folds_only_the_seeds_and_variants_named(workers, tmp_path):
         rows = _rows(target, name)
         pairs = set(zip(rows["variant"].astype(str), rows["seed"].astype(int)))
         assert pairs == {("alibi", 0), ("xl", 1)}, (name, pairs)
-    config = results.require_run(target)
+    config = rundir.require_run(target)
     assert config["variants"] == ["alibi", "xl"] and config["seeds"] == [0, 1]
     assert config["merged_from"][-1]["variants"] == ["xl"] and config["merged_from"][-1]["seeds"] == [1]

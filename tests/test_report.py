@@ -161,11 +161,11 @@ def test_attention_cost_panels_in_rows_of_four(tmp_path, monkeypatch, n_variants
 def _learned_bias_run(run_dir, variants):
     """Finished tiny two-layer checkpoints: untrained weights are enough to draw the bias curves."""
     from relbench.model import GPT, ModelConfig
-    from relbench.runs import checkpoints, results
+    from relbench.runs import checkpoints, rundir
 
     for variant in variants:
         model = {"vocab_size": 256, "d_model": 32, "n_layers": 2, "n_heads": 4, "train_length": 16, "position": variant}
-        checkpoints.save_checkpoint(results.checkpoint_dir(run_dir, variant, 0), GPT(ModelConfig(**model), seed=0),
+        checkpoints.save_checkpoint(rundir.checkpoint_dir(run_dir, variant, 0), GPT(ModelConfig(**model), seed=0),
                                     {"finished": True, "variant": variant, "seed": 0, "model": model})
     return {"seeds": [0], "variants": variants, "model": {"train_length": 16}}
 

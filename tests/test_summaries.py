@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from relbench.cli import app
 from relbench.evaluation.summaries import recorded_summary, summary_from_rows
-from relbench.runs import checkpoints, results
+from relbench.runs import checkpoints, rundir
 
 runner = CliRunner()
 KEYS = ["steps", "step_cap", "val_loss", "val_accuracy", "criterion", "learned", "learned_step", "position_lr_scale",
@@ -43,13 +43,13 @@ def _same(a, b, key):
 @pytest.mark.parametrize("which", [0, 1])
 def test_the_summary_from_train_csv_is_the_checkpoints(trained, tmp_path, which):
     source = trained[which]
-    config = results.require_run(source)
+    config = rundir.require_run(source)
     copy = tmp_path / "run"
     shutil.copytree(source, copy)
     shutil.rmtree(copy / "checkpoints")
     for spec in config["variants"]:
         for seed in config["seeds"]:
-            meta = checkpoints.read_meta(results.checkpoint_dir(source, spec, seed))["summary"]
+            meta = checkpoints.read_meta(rundir.checkpoint_dir(source, spec, seed))["summary"]
             assert recorded_summary(source, spec, seed) == meta          # a checkpoint: its own summary
             rebuilt = recorded_summary(copy, spec, seed)
             assert rebuilt is not None and rebuilt["source"] == "train.csv"

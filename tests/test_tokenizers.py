@@ -20,7 +20,7 @@ from relbench.data.tokenizer import ByteTokenizer, bytes_to_unicode, parse, toke
 from relbench.errors import RelbenchError, UsageError
 from relbench.evaluation.perplexity import perplexity, scored_text
 from relbench.model import GPT, ModelConfig
-from relbench.runs import checkpoints, results
+from relbench.runs import checkpoints, results, rundir
 from relbench.tasks import passkey
 
 MULTILINGUAL = ["Fellow-Citizens of the Senate — “union” ’tis", "Grüße aus Köln: Straße, Öl, Äpfel.",
@@ -323,7 +323,7 @@ def test_tiny_bpe_run_trains_extrapolates_and_reports(tmp_path):
     config = json.loads((run_dir / "config.json").read_text())
     assert config["data"]["tokenizer"] == "bpe:300" and config["model"]["vocab_size"] == 300
     assert config["data"]["stream"] is True and config["data"]["max_train_tokens"] == 30000
-    folder = results.checkpoint_dir(run_dir, "alibi", 0)
+    folder = rundir.checkpoint_dir(run_dir, "alibi", 0)
     assert checkpoints.read_meta(folder)["tokenizer"] == "bpe:300"
     result = run("extrapolate", "--run-dir", run_dir, "--lengths", 32, 128, "--task", "perplexity", "passkey", "copy",
                  "--trials", 1)

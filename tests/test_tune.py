@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from relbench.cli import app
 from relbench.config import TrainConfig
 from relbench.model import GPT, ModelConfig
-from relbench.runs import results
+from relbench.runs import rundir
 from relbench.training.step import make_optimizer, position_lr
 
 runner = CliRunner()
@@ -22,7 +22,7 @@ def run(*args):
 
 
 def meta(run_dir, spec):
-    return json.loads((results.checkpoint_dir(run_dir, spec, 0) / "meta.json").read_text())
+    return json.loads((rundir.checkpoint_dir(run_dir, spec, 0) / "meta.json").read_text())
 
 
 def test_position_lr_precedence():

@@ -52,7 +52,7 @@ from relbench.comparisons import MARGIN
 from relbench.config import experiment, read_file
 from relbench.errors import UsageError
 from relbench.reporting import report
-from relbench.runs import distributed, results
+from relbench.runs import distributed, results, rundir
 
 
 @app.command("train")
@@ -101,7 +101,7 @@ def train_command(
     specs = trained_variants(specs)
     if dry_run:
         return dry_run_experiment(exp, specs, seeds, device, jobs)
-    with results.RunLock(run_dir):
+    with rundir.RunLock(run_dir):
         train_runs(run_dir, exp, specs, seeds, device, force, log, jobs)
 
 
@@ -143,7 +143,7 @@ def tune_lr_command(
     grid = tune.validate_grid(list(grid or tune.GRID))
     seeds = unique("seed", seeds or exp.seeds or [0])
     grid_specs = [tune.grid_spec(spec, scale) for spec in specs for scale in grid]
-    with results.RunLock(run_dir):
+    with rundir.RunLock(run_dir):
         config = train_runs(run_dir, exp, all_variants(grid_specs), seeds, device, False)
 
         def choose() -> tuple[Any, dict[str, Any]]:
@@ -198,9 +198,9 @@ def extrapolate_command(
     use_plugins(plugin, accept_plugin_change)
     if eval_tokens is not None and eval_tokens < 1:
         raise UsageError("--eval-tokens must be positive")
-    results.require_run(run_dir)
+    rundir.require_run(run_dir)
     file = read_file(config) if config is not None else {}
-    with results.RunLock(run_dir):
+    with rundir.RunLock(run_dir):
         extrapolate_runs(run_dir, lengths, variants or file.get("variants"), attention, eval_tokens, device,
                      seeds or file.get("seeds"), mode, stride, force, task, trials, file.get("eval"), not_learned)
 
@@ -237,9 +237,9 @@ def finetune_command(
     use_plugins(plugin, accept_plugin_change)
     from relbench.training.finetune import finetune_run
 
-    results.require_run(run_dir)
+    rundir.require_run(run_dir)
     target = resolve_device(device)
-    with results.RunLock(run_dir):
+    with rundir.RunLock(run_dir):
         finetune_run(run_dir, length, steps, variants, unique("seed", seeds) if seeds else None, lr, batch_size,
                      target, force, console)
 
@@ -260,8 +260,8 @@ def report_command(run_dir: RunDir = results.DEFAULT_RUN_DIR, plugin: PluginFile
         raise UsageError(f"--margin must be between 0 and 1 (a share of accuracy: 0.1 is 10 points), got {margin}")
     use_plugins(plugin, accept_plugin_change)
     if not Path(run_dir).is_dir():
-        results.require_run(run_dir)  # says the directory does not exist
-    with results.RunLock(run_dir):
+        rundir.require_run(run_dir)  # says the directory does not exist
+    with rundir.RunLock(run_dir):
         report_run(run_dir, margin)
 
 
@@ -294,13 +294,13 @@ def merge_command(
     with contextlib.ExitStack() as locks:
         for run in dict.fromkeys(Path(r).resolve() for r in [run_dir, *runs]):   # each folder once
             if run.is_dir() or run == Path(run_dir).resolve():
-                locks.enter_context(results.RunLock(run))
+                locks.enter_context(rundir.RunLock(run))
         done = merge_runs(run_dir, list(runs), result_tables(), replace,
                           unique("seed", seeds) if seeds else None, list(variants) if variants else None)
     for name in sorted(done.added):
         if done.added[name] or done.replaced.get(name):
             console.print(f"{name}: {done.added[name]} added, {done.replaced.get(name, 0)} replaced")
-    now = results.require_run(run_dir)
+    now = rundir.require_run(run_dir)
     console.print(f"{len(done.checkpoints)} checkpoint(s) copied; {run_dir} now holds "
                   f"{', '.join(now['variants'])} (seeds {' '.join(map(str, now['seeds']))}); "
                   f"next: relbench report --run-dir {run_dir}")

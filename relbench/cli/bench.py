@@ -34,7 +34,7 @@ from relbench.cli.common import (
 from relbench.cli.pipeline import extrapolate_runs, report_run, train_runs
 from relbench.config import read_file, resolve_precision
 from relbench.errors import UsageError, unknown
-from relbench.runs import results
+from relbench.runs import results, runconfig, rundir
 
 TRACKS = ("all", "lm", "retrieval")
 RETRIEVAL_PRESET = "retrieval"
@@ -83,7 +83,7 @@ def bench_command(
              relbench bench --plugin mybias.py --variants mybias --against retrieval
     """
     use_plugins(plugin)
-    results.check_folder(run_dir)
+    rundir.check_folder(run_dir)
     if against is not None:
         refuse_protocol_options(against, track, retrieval_config, lengths)
         bench_against(against, variants, preset, config, run_dir, overrides_of(position_lr_scale, tokenizer,
@@ -141,12 +141,12 @@ def track_runs(track: str, variants: list[str] | None, preset: str | None, confi
 def run_tracks(runs: list[tuple], track: str, lengths: list[int] | None, device: str, log: str, jobs: str) -> None:
     """Train and extrapolate each of `runs` (track_runs'), then report them, the retrieval track first."""
     for folder, exp, specs, seeds, evals in runs:
-        with results.RunLock(folder):
+        with rundir.RunLock(folder):
             train_runs(folder, exp, trained_variants(specs), seeds, device, False, log, jobs)
             extrapolate_runs(folder, lengths if exp.train.task == "lm" or track == "retrieval" else None, specs, "auto",
                          None, device, seeds, eval_overrides=evals)
     for folder, *_ in reversed(runs):   # the retrieval track first: the language-model report reads it
-        with results.RunLock(folder):
+        with rundir.RunLock(folder):
             report_run(folder)
 
 
@@ -182,14 +182,14 @@ def bench_against(name: str, variants: list[str] | None, preset: str | None, con
                          f"your own (or an option of a scheme, e.g. \"{clash[0]}:ssmax=true\")")
     splits = load_data(exp.data)
     exp.model.vocab_size = splits.tokenizer.vocab_size
-    differs = panels.protocol_differences(panel, results.run_config(exp, specs, seeds, splits))
+    differs = panels.protocol_differences(panel, runconfig.run_config(exp, specs, seeds, splits))
     if differs:
         more = f" (and {len(differs) - 1} more)" if len(differs) > 1 else ""
         raise UsageError(f"--against {name}: the protocol differs from the panel's: {differs[0]}{more}; "
                          f"drop the option, preset or file that changes it")
     if Path(run_dir) == results.DEFAULT_RUN_DIR:
         run_dir = Path("runs") / f"against-{Path(label).name}"
-    with results.RunLock(run_dir):
+    with rundir.RunLock(run_dir):
         panels.start_run(label, folder, run_dir)
         train_runs(run_dir, exp, trained_variants(specs), seeds, device, False, log, jobs)
         extrapolate_runs(run_dir, None, specs, "auto", None, device, seeds)

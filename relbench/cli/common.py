@@ -117,7 +117,7 @@ AcceptPluginChange = Annotated[bool, typer.Option(
 
 def use_plugins(files: list[Path] | None, accept_change: bool = False) -> None:
     """Load the command's --plugin files (and every installed plugin) before anything reads a variant
-    name; a run the command reads loads its own recorded plugins (results.require_run)."""
+    name; a run the command reads loads its own recorded plugins (rundir.require_run)."""
     from relbench.positions import plugins
 
     plugins.load_installed()

@@ -22,7 +22,7 @@ from relbench.cost import memory
 from relbench.errors import RelbenchError, UsageError, unknown
 from relbench.positions import forms
 from relbench.reporting import report
-from relbench.runs import checkpoints, distributed, results, tracking
+from relbench.runs import checkpoints, distributed, runconfig, rundir, tracking
 
 
 def train_runs(run_dir: Path, exp: Experiment, specs: list[str], seeds: list[int], device: str, force: bool,
@@ -41,7 +41,7 @@ def train_runs(run_dir: Path, exp: Experiment, specs: list[str], seeds: list[int
     exp.model.vocab_size = splits.tokenizer.vocab_size   # the model's vocabulary follows the tokenizer
     check_training_memory(specs, model_config, train_config, exp.preset, target)
     side_by_side = resolve_jobs(jobs, specs, model_config, train_config, target)
-    run_config = distributed.on_main(results.record_run, run_dir, results.run_config(exp, specs, seeds, splits), specs,
+    run_config = distributed.on_main(runconfig.record_run, run_dir, runconfig.run_config(exp, specs, seeds, splits), specs,
                                      seeds, target, exp.description)
     console.print(f"training {len(specs)} variant(s) x {len(seeds)} seed(s) on {splits.description}: "
                   f"{splits.sizes()['train']:,} train tokens; run directory {run_dir}"
@@ -74,7 +74,7 @@ def extrapolate_runs(run_dir: Path, lengths: list[int] | None, variants: list[st
     from relbench.evaluation.perplexity import MODES, longest_length, scored_text, validate_lengths
     from relbench.tasks import get_task
 
-    config = results.require_run(run_dir)
+    config = rundir.require_run(run_dir)
     check(attention)
     modes = unique("mode", modes or ["nonoverlap"])
     for mode in modes:
@@ -103,7 +103,7 @@ def extrapolate_runs(run_dir: Path, lengths: list[int] | None, variants: list[st
         check_variant_backend(attention, spec, model_config, target, training=False)
     splits = load_run_splits(config, console)
     for spec, seed in trained:
-        checkpoints.check_tokenizer(results.checkpoint_dir(run_dir, forms.trained_spec(spec), seed), splits.tokenizer)
+        checkpoints.check_tokenizer(rundir.checkpoint_dir(run_dir, forms.trained_spec(spec), seed), splits.tokenizer)
     lengths = validate_lengths(list(lengths or eval_config.lengths or [m * train_length for m in eval_config.length_multiples]),
                                longest_length(splits.test.size))
     stride = stride if stride is not None else max(1, train_length // 2)
@@ -126,7 +126,7 @@ def finished_pairs(run_dir: Path, pairs: list[tuple[str, int]], named: bool) -> 
     """The (variant, seed) pairs with a finished checkpoint; an error when there is none, or when
     one that was `named` (by --variants or --seeds) has not finished."""
     trained = [(s, seed) for s, seed in pairs
-               if (checkpoints.read_meta(results.checkpoint_dir(run_dir, forms.trained_spec(s), seed)) or {}).get("finished")]
+               if (checkpoints.read_meta(rundir.checkpoint_dir(run_dir, forms.trained_spec(s), seed)) or {}).get("finished")]
     missing = [p for p in pairs if p not in trained]
     if named and missing:
         spec, seed = missing[0]

@@ -28,7 +28,7 @@ from relbench.config import ModelConfig
 from relbench.cost import memory
 from relbench.errors import RelbenchError, UsageError
 from relbench.reporting import report
-from relbench.runs import checkpoints, distributed, results
+from relbench.runs import checkpoints, distributed, results, rundir
 
 
 @app.command("variants")
@@ -137,7 +137,7 @@ def profile_command(
     for backend in backends:
         check(backend)
     target = resolve_device(device)
-    with results.RunLock(run_dir):
+    with rundir.RunLock(run_dir):
         table = profile_run(Path(run_dir) / PROFILE_CSV, specs, backends, lengths, batch, heads, head_dim, str(target),
                             repeats, train_max, timeout, console, peak_memory)
     mine = (table["batch"] == batch) & (table["heads"] == heads) & (table["head_dim"] == head_dim) & \
@@ -168,19 +168,19 @@ def inspect_command(
     from relbench.evaluation.perplexity import validate_lengths
 
     distributed.single_process("inspect")
-    config = results.require_run(run)
+    config = rundir.require_run(run)
     seed = config.get("seeds", [0])[0] if seed is None else seed
     specs = variants or config.get("variants", [])
     for spec in specs:
         positions.parse_spec(spec)
-        meta = checkpoints.read_meta(results.checkpoint_dir(run, spec, seed))
+        meta = checkpoints.read_meta(rundir.checkpoint_dir(run, spec, seed))
         if not meta or not meta.get("finished"):
             raise RelbenchError(f"variant {spec} seed {seed} has no finished checkpoint in {run}; "
                                 f"run `relbench train --run-dir {run} --variants {spec} --seeds {seed}`")
     train_length = int(config["model"]["train_length"])
     splits = load_run_splits(config, console)
     lengths = validate_lengths(list(lengths) if lengths else [train_length, 16 * train_length], splits.test.size)
-    with results.RunLock(run):
+    with rundir.RunLock(run):
         frame = inspect_run(Path(run), specs, seed, lengths, torch.from_numpy(splits.test), resolve_device(device))
         results.write_csv(Path(run) / INSPECT_CSV, frame)
     for title, header, body in tables(frame, lengths):
@@ -200,8 +200,8 @@ def verify_command(run_dir: RunDir = results.DEFAULT_RUN_DIR,
     """
     from relbench.runs import integrity
 
-    results.require_run(run_dir)
-    with results.RunLock(run_dir):
+    rundir.require_run(run_dir)
+    with rundir.RunLock(run_dir):
         findings, sums = integrity.verify(run_dir)
         for finding in findings:
             console.print(f"{finding.status:<18} {finding.path}: {finding.detail}", markup=False)

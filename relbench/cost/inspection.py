@@ -20,7 +20,7 @@ import pandas as pd
 import torch
 
 from relbench.model import GPT
-from relbench.runs import checkpoints, results
+from relbench.runs import checkpoints, rundir
 
 INSPECT_CSV = "inspect.csv"
 
@@ -132,7 +132,7 @@ def inspect_run(run_dir: Path, specs: list[str], seed: int, lengths: list[int], 
                 device: torch.device) -> pd.DataFrame:
     out = []
     for spec in specs:
-        folder = results.checkpoint_dir(run_dir, spec, seed)
+        folder = rundir.checkpoint_dir(run_dir, spec, seed)
         model = checkpoints.load_model(folder, device)
         grads = (checkpoints.read_meta(folder) or {}).get("summary", {}).get("position_grad_norms")
         for length in lengths:

@@ -27,7 +27,7 @@ from relbench.evaluation.evaluators import EVALUATORS, POSITIONS_CSV, POSITIONS_
 from relbench.evaluation.perplexity import ScoredText
 from relbench.model import GPT
 from relbench.positions import forms
-from relbench.runs import checkpoints, distributed, results
+from relbench.runs import checkpoints, distributed, results, rundir
 from relbench.tasks import TASKS
 
 ATTENTION_CSV = "attention.csv"   # how far each model looks at its training length (inspect.window_diagnostics)
@@ -114,7 +114,7 @@ def result_tables() -> dict[str, list[str]]:
 
 def checkpoint_of(run_dir: Path, spec: str, seed: int) -> Path:
     """The checkpoint a spec evaluates: the trained variant's ("rope" for "rope@yarn:factor=16")."""
-    return results.checkpoint_dir(run_dir, forms.trained_spec(spec), seed)
+    return rundir.checkpoint_dir(run_dir, forms.trained_spec(spec), seed)
 
 
 def _base(run_dir: Path, spec: str, seed: int) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from relbench.runs import checkpoints, results
+from relbench.runs import checkpoints, results, rundir
 
 
 def recorded_summary(run_dir: Path, spec: str, seed: int, config: dict[str, Any] | None = None,
@@ -27,7 +27,7 @@ def recorded_summary(run_dir: Path, spec: str, seed: int, config: dict[str, Any]
     train.csv and config.json give (with "source": "train.csv"), else None (never trained, or not
     finished and not in train.csv). `config`, `curves`: the run's config.json and train.csv when the
     caller has read them already."""
-    meta = checkpoints.read_meta(results.checkpoint_dir(run_dir, spec, seed))
+    meta = checkpoints.read_meta(rundir.checkpoint_dir(run_dir, spec, seed))
     if meta and meta.get("finished") and "summary" in meta:
         return meta["summary"]
     if meta is not None:          # a run that did not finish (diverged, or still training): not recorded

@@ -37,7 +37,7 @@ from relbench.positions import forms
 from relbench.positions.base import RelativeBias
 from relbench.reporting import curves
 from relbench.reporting.style import grid, save, style_of
-from relbench.runs import checkpoints, results
+from relbench.runs import checkpoints, results, rundir
 
 PLOTS = "plots"
 
@@ -155,7 +155,7 @@ def learned_bias(run_dir: Path, config: dict[str, Any], path: Path) -> Path | No
     seed = config.get("seeds", [0])[0]
     panels = []
     for variant in config.get("variants", []):
-        folder = results.checkpoint_dir(run_dir, variant, seed)
+        folder = rundir.checkpoint_dir(run_dir, variant, seed)
         meta = checkpoints.read_meta(folder)
         if not meta or not meta.get("finished"):
             continue

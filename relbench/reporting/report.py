@@ -22,7 +22,7 @@ from relbench.comparisons import MARGIN, unresolved
 from relbench.errors import RelbenchError
 from relbench.evaluation.summaries import recorded_summary
 from relbench.reporting import overview, tiers
-from relbench.runs import results
+from relbench.runs import results, rundir
 from relbench.stats import summarize
 from relbench.training import finetune
 
@@ -284,11 +284,11 @@ def render(run_dir: Path, console: Console, plots: bool = True, margin: float = 
     has_profile = (run_dir / PROFILE_CSV).is_file()
     tasks = [(name, title) for name, title in TASK_TABLES if (run_dir / name).is_file()]
     if not has_rows and not has_profile and not tasks:
-        results.require_run(run_dir)  # a missing directory, or one that is not a run, says so
+        rundir.require_run(run_dir)  # a missing directory, or one that is not a run, says so
         raise RelbenchError(f"{run_dir} has nothing to report yet; run `relbench extrapolate --run-dir {run_dir}` "
                             f"or `relbench profile --run-dir {run_dir}` first")
     written: dict[str, Path] = {}
-    config: dict[str, Any] = results.require_run(run_dir) if has_rows or tasks else {}
+    config: dict[str, Any] = rundir.require_run(run_dir) if has_rows or tasks else {}
     rows = summary = None
     if has_rows:
         rows = load_rows(run_dir)

@@ -4,7 +4,7 @@ A run of many variants and seeds splits naturally: two CPU processes, two machin
 jobs, each training and evaluating its share into a run directory of its own with the same
 configuration. `merge_runs` folds such runs into one, so `report` sees every variant and seed:
 
-- the configuration must be the same (`results.differences`, as `train` checks before adding to a run);
+- the configuration must be the same (`runconfig.differences`, as `train` checks before adding to a run);
 - checkpoints are copied, and the rows of train.csv, positions.csv and every table `extrapolate`
   writes (extrapolation.csv, copy.csv, passkey.csv, mqar.csv, attention.csv) are added, keyed as
   their writers key them (train.csv and positions.csv by their groups: a variant x seed's loss
@@ -30,10 +30,10 @@ from typing import Any
 import pandas as pd
 
 from relbench.errors import RelbenchError, UsageError
-from relbench.runs import checkpoints, results
+from relbench.runs import checkpoints, results, runconfig, rundir
 
 TRAIN_KEY = ["variant", "seed"]   # a loss curve goes whole: train.csv's key, beside the caller's tables
-LOCK_FILES = (".lock", ".lock.pid")   # what results.RunLock leaves in a folder it locked
+LOCK_FILES = (".lock", ".lock.pid")   # what rundir.RunLock leaves in a folder it locked
 
 
 @dataclass
@@ -127,7 +127,7 @@ def _chosen_checkpoint(name: str, seeds: list[int] | None, variants: list[str] |
     """Whether a checkpoint folder (`<slug>-seed<s>`) holds a chosen seed and variant."""
     slug, _, seed = name.rpartition("-seed")
     return (seeds is None or (seed.isdigit() and int(seed) in seeds)) and \
-        (variants is None or slug in {results.slug(v) for v in variants})
+        (variants is None or slug in {rundir.slug(v) for v in variants})
 
 
 def merge_runs(target: Path, sources: list[Path], tables: dict[str, list[str]], replace: bool = False,
@@ -161,7 +161,7 @@ def merge_runs(target: Path, sources: list[Path], tables: dict[str, list[str]], 
     for name, table in folded.items():
         results.write_csv(target / name, table)
     config = _merged_config(config, fresh, sources, configs, curves, plugins)
-    results.write_config(target, config, _description(target if not fresh else sources[0]))
+    runconfig.write_config(target, config, _description(target if not fresh else sources[0]))
     return merged
 
 
@@ -173,13 +173,13 @@ def _check_sources(target: Path, sources: list[Path]) -> tuple[list[dict[str, An
     for source in sources:
         if source.resolve() == target.resolve():
             raise UsageError(f"{source} is the target run itself; name the runs to fold into it")
-    configs = [results.require_run(s) for s in sources]
+    configs = [rundir.require_run(s) for s in sources]
     fresh = not (target / results.CONFIG).is_file()
     if fresh and target.is_dir() and any(p.name not in LOCK_FILES for p in target.iterdir()):
-        results.require_run(target)   # says what it is not
-    config = dict(configs[0]) if fresh else results.require_run(target)
+        rundir.require_run(target)   # says what it is not
+    config = dict(configs[0]) if fresh else rundir.require_run(target)
     for source, theirs in zip(sources, configs):
-        differs = results.differences(config, theirs)
+        differs = runconfig.differences(config, theirs)
         if differs or theirs.get("tokenizer_fingerprint") != config.get("tokenizer_fingerprint"):
             what = " and ".join(differs) or "tokenizer"
             raise UsageError(f"{source} holds a run with a different {what} configuration than {target}; "

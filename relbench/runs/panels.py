@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from relbench.errors import RelbenchError, UsageError, unknown
-from relbench.runs import results
+from relbench.runs import results, runconfig
 
 PANELS_PACKAGE = "relbench.panels"
 TASK_TABLES = {"passkey": "passkey.csv", "mqar": "mqar.csv"}
@@ -70,11 +70,11 @@ def locate(name: str) -> tuple[str, Path]:
 
 
 def protocol_differences(panel: dict[str, Any], run: dict[str, Any]) -> list[str]:
-    """What differs between a panel's recorded protocol and a run's configuration (results.run_config),
+    """What differs between a panel's recorded protocol and a run's configuration (runconfig.run_config),
     each as "section.key: panel value, this run value"; empty when they are the same."""
     out = []
     for section in ("model", "train"):
-        theirs, ours = results.with_defaults(section, panel.get(section) or {}, run[section]), run[section]
+        theirs, ours = runconfig.with_defaults(section, panel.get(section) or {}, run[section]), run[section]
         for key in sorted(set(theirs) | set(ours)):
             if key not in ("vocab_size",) and theirs.get(key) != ours.get(key):
                 out.append(f"{section}.{key}: panel {theirs.get(key)!r}, this run {ours.get(key)!r}")

@@ -1,4 +1,4 @@
-"""The run directory: layout, locking, checksummed atomic writes.
+"""A run directory's files: their names, atomic writes, JSON, and the checksummed CSV tables.
 
     RUN/config.json                    how the run was made (config, git commit, versions, date)
     RUN/config.toml                    the same configuration as an experiment file (`--config` reproduces the run)
@@ -13,27 +13,26 @@ Every file is written to a temporary file in the same folder, flushed to disk, r
 old one, and the folder is flushed: an interrupted command leaves either the old file or the
 new one. A CSV whose checksum is neither the one relbench last wrote nor the one before (a crash
 between the two renames) was changed or truncated by something else, and is reported as such.
+
+The run directory itself (its checkpoint folders, the checks that a folder is a run, the lock) is
+relbench/runs/rundir.py; what config.json and config.toml record, and whether a command's
+configuration may add to a run, is relbench/runs/runconfig.py.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import io
 import json
 import os
-import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import filelock
 import pandas as pd
-import torch
 
-from relbench.errors import RelbenchError, UsageError
-from relbench.runs import distributed, machine
+from relbench.errors import RelbenchError
 
 DEFAULT_RUN_DIR = Path("runs") / "default"
 CONFIG = "config.json"
@@ -179,205 +178,3 @@ def replace_rows(table: pd.DataFrame, key: dict[str, Any], rows: list[dict[str, 
 def upsert(table: pd.DataFrame, row: dict[str, Any], key: list[str]) -> pd.DataFrame:
     """`table` with `row` appended, replacing any row that has the same values in `key`."""
     return replace_rows(table, {k: row[k] for k in key}, [row])
-
-
-def slug(text: str) -> str:
-    """A file-name-safe form of a variant spec ("xl:k=64" -> "xl_k-64")."""
-    return re.sub(r"[^A-Za-z0-9.+-]+", "_", text.replace("=", "-")).strip("_")
-
-
-def checkpoint_dir(run_dir: Path, variant: str, seed: int) -> Path:
-    return Path(run_dir) / "checkpoints" / f"{slug(variant)}-seed{seed}"
-
-
-def require_run(run_dir: Path) -> dict[str, Any]:
-    """The run's config.json; a clear error when `run_dir` is missing or not a relbench run."""
-    run_dir = Path(run_dir)
-    if run_dir.exists() and not run_dir.is_dir():
-        raise UsageError(f"--run-dir {run_dir} is a file, not a run directory; pass the folder `relbench train` wrote")
-    if not run_dir.is_dir():
-        raise RelbenchError(f"run directory {run_dir} does not exist; run `relbench train` first "
-                            f"or pass --run-dir to an existing run")
-    if not (run_dir / CONFIG).is_file():
-        raise RelbenchError(f"{run_dir} is not a relbench run (no {CONFIG}); run `relbench train --run-dir {run_dir}`")
-    config = read_json(run_dir / CONFIG)
-    problem = config_problem(config)
-    if problem:
-        raise RelbenchError(f"{run_dir / CONFIG} is damaged ({problem}); restore it from a copy ({run_dir / CONFIG_TOML} "
-                            f"holds the same settings); nothing of the run was read or written")
-    if config.get("plugins"):   # the schemes of the user's own files it was trained with: the same files again
-        from relbench.positions import plugins
-
-        now = plugins.load_recorded(config["plugins"], run_dir, *plugins.command_options())
-        if now != config["plugins"]:   # a change accepted (--accept-plugin-change): recorded
-            config["plugins"] = now
-            write_json(run_dir / CONFIG, config)
-    return config
-
-
-def config_problem(config: Any) -> str | None:
-    """What makes a config.json unusable as a run's record, or None."""
-    if not isinstance(config, dict):
-        return "not a table"
-    for key in ("model", "train"):
-        if not isinstance(config.get(key), dict):
-            return f"{key} is not a table"
-    checks = {"variants": str, "seeds": int}
-    for key, kind in checks.items():
-        value = config.get(key, [])
-        if not isinstance(value, list) or not all(isinstance(v, kind) and not isinstance(v, bool) for v in value):
-            return f"{key} is not a list of {kind.__name__}s: {value!r}"
-    return None
-
-
-def check_folder(run_dir: Path) -> None:
-    """A --run-dir that names a file is refused before any work (a missing one is made when written)."""
-    if Path(run_dir).exists() and not Path(run_dir).is_dir():
-        raise UsageError(f"--run-dir {run_dir} is a file, not a folder; pass a folder (a new one is made)")
-
-
-class RunLock:
-    """An exclusive lock on a run directory for the length of a command. A second relbench process
-    on the same directory gets a clear error, naming the pid of the first, instead of interleaving
-    its writes. The lock is `filelock`'s (flock on POSIX, msvcrt on Windows; the OS releases it when
-    a process dies); the holder's pid sits beside it in `.lock.pid` for the message.
-
-    Under torchrun rank 0 takes it for the whole job and every rank learns whether it got it, so
-    all go on or all stop with the same message (no rank waits for a lock its own job holds)."""
-
-    def __init__(self, run_dir: Path):
-        self.path = Path(run_dir) / ".lock"
-        self.pid_path = Path(run_dir) / ".lock.pid"
-        self.lock: filelock.FileLock | None = None
-
-    def __enter__(self) -> RunLock:
-        distributed.on_main(self._acquire)
-        return self
-
-    def _acquire(self) -> None:
-        check_folder(self.path.parent)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        lock = filelock.FileLock(self.path, thread_local=False)
-        try:
-            lock.acquire(timeout=0)
-        except filelock.Timeout:
-            try:
-                holder = self.pid_path.read_text().strip() or "unknown"
-            except OSError:
-                holder = "unknown"
-            raise RelbenchError(f"another relbench process (pid {holder}) is working in {self.path.parent}; "
-                                f"wait for it to finish, or use another --run-dir") from None
-        self.lock = lock
-        self.pid_path.write_text(str(os.getpid()))
-
-    def __exit__(self, *exc) -> None:
-        if self.lock is not None:
-            self.pid_path.unlink(missing_ok=True)
-            self.lock.release()
-            self.lock = None
-
-
-def run_config(exp, specs: list[str], seeds: list[int], splits) -> dict[str, Any]:
-    """What config.json records of a run made from the experiment `exp` (a relbench.config.Experiment)
-    on `splits`: config.toml holds the same but what loading the data found (see `write_config`)."""
-    from relbench.config import to_dict
-
-    config = {"preset": exp.preset, "model": to_dict(exp.model), "train": to_dict(exp.train),
-              "eval": to_dict(exp.eval), "data": to_dict(exp.data), "dataset_description": splits.description,
-              "tokenizer_fingerprint": splits.tokenizer.fingerprint, "variants": specs, "seeds": seeds}
-    config["model"].pop("position")
-    config["model"].pop("attention")
-    config["train"].pop("seed")
-    return config
-
-
-def write_config(run_dir: Path, config: dict[str, Any], description: str) -> None:
-    """RUN/config.json and RUN/config.toml, the same configuration: `relbench train --config
-    RUN/config.toml --run-dir NEW` trains the run again (the environment is only in the JSON)."""
-    from relbench import __version__
-    from relbench.config import to_toml
-
-    write_json(Path(run_dir) / CONFIG, config)
-    files = [r["path"] for r in config.get("plugins", []) if r.get("path")]
-    tables = {"preset": config["preset"], **({"description": description} if description else {}),
-              **({"plugins": files} if files else {}),
-              **{k: config[k] for k in ("variants", "seeds", "data", "model", "train", "eval")}}
-    header = (f"# The resolved configuration of this run, written by relbench {__version__}. Reproduce it with\n"
-              f"#   relbench train --config {Path(run_dir) / CONFIG_TOML} --run-dir NEW_RUN_DIR\n")
-    if config.get("finetune"):   # not part of the training run: the commands that made its fine-tuned checkpoints
-        header += "# and its fine-tuned checkpoints (relbench/training/finetune.py) with\n" + "".join(
-            f"#   {entry['command']}\n" for entry in config["finetune"].values())
-    atomic_write_text(Path(run_dir) / CONFIG_TOML, to_toml(tables, header))
-
-
-def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """The parts of a run's configuration that differ (a run directory holds one configuration)."""
-    from relbench.config import run_data, to_dict
-
-    old_data = to_dict(run_data(old))   # a config.json from before [data]: its defaults
-    return ([key for key in ("model", "train")
-             if with_defaults(key, old.get(key), new[key]) != with_defaults(key, new[key], old.get(key) or {})]
-            + [key for key, value in new["data"].items() if old_data.get(key) != value])
-
-
-def with_defaults(table: str, old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any] | None:
-    """A recorded [model] or [train] table with the keys it lacks (written before they existed, such
-    as train.decay_steps) at their defaults, which is how that run was trained: an old run stays
-    compatible with a configuration that leaves the new keys at their defaults."""
-    from relbench.config import ModelConfig, TrainConfig
-
-    if old is None:
-        return None
-    defaults = dataclasses.asdict(ModelConfig() if table == "model" else TrainConfig())
-    return {**{k: defaults[k] for k in new if k not in old and k in defaults}, **old}
-
-
-def merged_plugins(old: list[dict[str, Any]], specs: list[str], run_dir: Path) -> list[dict[str, Any]]:
-    """The plugins a run's variants need: those recorded before, and those this command loaded for its
-    variants. A plugin file recorded before that has changed since is refused: the run's earlier
-    variants were trained with the file as it was."""
-    from relbench.positions import plugins
-
-    out = list(old)
-    for record in plugins.records_for(specs):
-        same = next((r for r in out if r.get("path", r.get("entry_point")) == record.get("path", record.get("entry_point"))),
-                    None)
-        if same is None:
-            out.append(record)
-        elif same.get("sha256") != record.get("sha256") or same.get("distribution") != record.get("distribution"):
-            raise UsageError(f"plugin {record.get('path') or record.get('entry_point')} changed since {run_dir}'s "
-                             f"variants {', '.join(same['variants'])} were trained with it; use another --run-dir, or "
-                             f"restore the file")
-        else:
-            same.update(variants=sorted(set(same["variants"]) | set(record["variants"])))
-    return out
-
-
-def record_run(run_dir: Path, config: dict[str, Any], specs: list[str], seeds: list[int], device: torch.device,
-               description: str) -> dict[str, Any]:
-    """config.json and config.toml with this command's variants and seeds added, after checking that
-    the run directory holds no run of another configuration; returns what it wrote."""
-    path = Path(run_dir) / CONFIG
-    if not path.is_file() and ((Path(run_dir) / "checkpoints").is_dir() or any(Path(run_dir).glob("*.csv"))):
-        raise UsageError(f"{run_dir} holds a run's files but no {CONFIG}, so how they were made is unknown and no "
-                         f"configuration may adopt them; restore {path} (config.toml beside it holds the settings) "
-                         f"or use another --run-dir")
-    if path.is_file():
-        old = read_json(path)
-        differs = differences(old, config)
-        if differs:
-            raise UsageError(f"{run_dir} holds a run with a different {' and '.join(differs)} configuration "
-                             f"(preset {old.get('preset')}); use another --run-dir, or delete {run_dir} to start over")
-        known = old.get("variants", [])
-        config["variants"] = known + [s for s in specs if s not in known]
-        config["seeds"] = sorted(set(old.get("seeds", [])) | set(seeds))
-        for kept in ("finetune", "merged_from", "against"):   # what earlier commands recorded of the run
-            if old.get(kept):
-                config[kept] = old[kept]
-    plugin_records = merged_plugins(read_json(path).get("plugins", []) if path.is_file() else [], config["variants"],
-                                    run_dir)
-    if plugin_records:
-        config["plugins"] = plugin_records
-    config["environment"] = machine.environment(str(device))
-    write_config(run_dir, config, description)
-    return config

@@ -54,7 +54,7 @@ from relbench.cost import memory
 from relbench.data import Splits
 from relbench.errors import RelbenchError, UsageError
 from relbench.positions import forms
-from relbench.runs import checkpoints, distributed, results
+from relbench.runs import checkpoints, distributed, results, runconfig, rundir
 from relbench.training.pairs import append_rows
 from relbench.training.stopping import Diverged, StopRequest
 from relbench.training.train import Continuation, make_progress, train_variant
@@ -117,7 +117,7 @@ def pairs_to_tune(run_dir: Path, config: dict[str, Any], variants: list[str] | N
     for seed in seeds:
         for spec in specs:
             trained = forms.trained_spec(spec)
-            meta = checkpoints.read_meta(results.checkpoint_dir(run_dir, trained, seed)) or {}
+            meta = checkpoints.read_meta(rundir.checkpoint_dir(run_dir, trained, seed)) or {}
             if not meta.get("finished"):
                 if named:
                     raise RelbenchError(f"variant {trained} seed {seed} has no finished checkpoint in {run_dir}; run "
@@ -176,7 +176,7 @@ def record_entry(run_dir: Path, entry: str, seed: int, record: dict[str, Any]) -
     table[entry] = {**kept, "seeds": seeds, "command": command_line(run_dir, record["from"], seeds, record)}
     toml = Path(run_dir) / results.CONFIG_TOML
     description = read_file(toml).get("description", "") if toml.is_file() else ""
-    results.write_config(run_dir, config, description)
+    runconfig.write_config(run_dir, config, description)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,14 +202,14 @@ def finetune_run(run_dir: Path, length: int, steps: int, variants: list[str] | N
     from relbench.data import load_run_splits
 
     run_dir = Path(run_dir)
-    config = results.require_run(run_dir)
+    config = rundir.require_run(run_dir)
     if steps < 1 or (lr is not None and not lr > 0) or (batch_size is not None and batch_size < 1):
         raise UsageError("--steps, --lr and --batch-size must be positive")
     todo = distributed.on_main(pairs_to_tune, run_dir, config, variants, seeds, length, console)
     plans = [plan_for(spec, seed, meta, length, steps, lr, batch_size, device) for spec, seed, meta in todo]
     splits = load_run_splits(config, console)
     for plan in plans:
-        checkpoints.check_tokenizer(results.checkpoint_dir(run_dir, forms.trained_spec(plan.spec), plan.seed),
+        checkpoints.check_tokenizer(rundir.checkpoint_dir(run_dir, forms.trained_spec(plan.spec), plan.seed),
                                     splits.tokenizer)
     console.print(f"fine-tuning {len(plans)} checkpoint(s) at length {length} for {steps} steps; run directory {run_dir}")
     with StopRequest() as stop, make_progress(console) as progress:
@@ -240,7 +240,7 @@ def finetune_one(run_dir: Path, plan: Plan, length: int, steps: int, splits: Spl
     `force`); write its checkpoint, its rows of finetune.csv and its entry in config.json; returns its
     summary. Out of memory and divergence end the command, the last resumable state kept."""
     spec, entry, seed, record, train = plan.spec, plan.entry, plan.seed, plan.record, plan.train
-    label, folder = f"{entry} seed {seed}", results.checkpoint_dir(run_dir, entry, seed)
+    label, folder = f"{entry} seed {seed}", rundir.checkpoint_dir(run_dir, entry, seed)
     done = distributed.on_main(checkpoints.read_meta, folder) or {}
     if done.get("finished") and not force:
         same = done.get("finetune") == record
@@ -251,7 +251,7 @@ def finetune_one(run_dir: Path, plan: Plan, length: int, steps: int, splits: Spl
         (folder / checkpoints.RESUME_FILE).unlink(missing_ok=True)
     if plan.note:
         progress.console.print(f"{label}: {plan.note}", markup=False)
-    weights = checkpoints.load_model(results.checkpoint_dir(run_dir, forms.trained_spec(spec), seed)).state_dict()
+    weights = checkpoints.load_model(rundir.checkpoint_dir(run_dir, forms.trained_spec(spec), seed)).state_dict()
     start = Continuation(weights, length, record["data_offset"], record, form=entry if "form" in record else "")
     try:
         tuned, rows, summary = train_variant(forms.scheme_spec(spec), plan.model, train, splits, device, progress,

@@ -23,7 +23,7 @@ from relbench.cost.memory import is_out_of_memory
 from relbench.data import Splits
 from relbench.errors import RelbenchError, UsageError
 from relbench.positions import plugins
-from relbench.runs import checkpoints, distributed, results, tracking
+from relbench.runs import checkpoints, distributed, results, rundir, tracking
 from relbench.training.stopping import Diverged, StopRequest
 from relbench.training.train import expected_time_message, learned_text, make_progress, train_variant
 
@@ -83,7 +83,7 @@ def pairs_to_train(run_dir: Path, specs: list[str], seeds: list[int], base: Trai
     for seed in seeds:
         for spec in specs:
             label = spec if len(seeds) == 1 else f"{spec} seed {seed}"
-            folder = results.checkpoint_dir(run_dir, spec, seed)
+            folder = rundir.checkpoint_dir(run_dir, spec, seed)
             meta = distributed.on_main(checkpoints.read_meta, folder)
             if meta and meta.get("finished") and not force:
                 console.print(f"{label}: already trained ({folder}); --force trains it again", markup=False)

@@ -26,7 +26,7 @@ import pandas as pd
 
 from relbench import positions
 from relbench.errors import RelbenchError, UsageError
-from relbench.runs import checkpoints, results
+from relbench.runs import checkpoints, results, rundir
 from relbench.stats import summarize
 
 SWEEP_CSV = "lr_sweep.csv"
@@ -64,7 +64,7 @@ def collect(run_dir: Path, specs: list[str], grid: list[float], seeds: list[int]
     for spec in specs:
         for scale in grid:
             for seed in seeds:
-                meta = checkpoints.read_meta(results.checkpoint_dir(run_dir, grid_spec(spec, scale), seed)) or {}
+                meta = checkpoints.read_meta(rundir.checkpoint_dir(run_dir, grid_spec(spec, scale), seed)) or {}
                 if not meta.get("finished"):
                     raise RelbenchError(f"{spec} at position_lr_scale={scale:g} seed {seed} has not finished training in "
                                         f"{run_dir}; run the same `relbench tune-lr` again to finish the sweep")

@@ -24,7 +24,7 @@ from rich.console import Console
 
 from relbench.config import ModelConfig, experiment
 from relbench.data import load_data
-from relbench.runs import checkpoints, results
+from relbench.runs import checkpoints, runconfig, rundir
 from relbench.training.pairs import Pair, finish_pair
 from relbench.training.train import train_variant
 
@@ -50,12 +50,12 @@ def main() -> None:
     configs = {}
     for name, train in protocols.items():
         exp = dataclasses.replace(base, train=train)
-        configs[name] = results.record_run(args.run / name, results.run_config(exp, args.variants, args.seeds, splits),
+        configs[name] = runconfig.record_run(args.run / name, runconfig.run_config(exp, args.variants, args.seeds, splits),
                                            args.variants, args.seeds, device, f"{args.preset}, protocol {name}")
     model_config = ModelConfig(**configs["consolidated"]["model"])
     for seed in args.seeds:           # seed-major: a run cut short still holds whole seeds
         for spec in args.variants:
-            folders = {name: results.checkpoint_dir(args.run / name, spec, seed) for name in protocols}
+            folders = {name: rundir.checkpoint_dir(args.run / name, spec, seed) for name in protocols}
             if all((checkpoints.read_meta(f) or {}).get("finished") for f in folders.values()):
                 continue
             snapshot: dict = {}

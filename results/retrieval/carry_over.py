@@ -19,12 +19,12 @@ from pathlib import Path
 import pandas as pd
 
 from relbench import config as C
-from relbench.runs import results
+from relbench.runs import results, runconfig, rundir
 from relbench.tasks import TASKS
 from relbench.training.step import position_lr
 
 run = Path(sys.argv[1] if len(sys.argv) > 1 else "results/retrieval")
-old = results.require_run(run)
+old = rundir.require_run(run)
 found = C.experiment(old["preset"])
 new_train = found.train
 new = asdict(new_train)
@@ -54,5 +54,5 @@ config = dict(old)
 config["train"] = {k: v for k, v in new.items() if k != "seed"}
 config["variants"] = [v for v in old["variants"] if any(v == k for k, _ in kept)]
 config["seeds"] = sorted({s for _, s in kept})
-results.write_config(run, config, found.description)
+runconfig.write_config(run, config, found.description)
 print(f"kept {len(kept)} runs: {kept}\ndropped {len(dropped)}: {dropped}")
