@@ -174,12 +174,28 @@ def compare_all(values: dict[str, dict[int, float]], margin: float = MARGIN, alp
     """Every pair of schemes in `values` (scheme -> seed -> value), decided as one family: Holm over
     the pairs that can be tested (two shared seeds or more); a pair that cannot is untested. `noise`:
     scheme -> seed -> the variance with which that value was measured (paired_test)."""
+    return decide_family(list(combinations(values, 2)), values, margin, alpha, noise)
+
+
+def compare_one(values: dict[str, dict[int, float]], subject: str, margin: float = MARGIN, alpha: float = ALPHA,
+                noise: dict[str, dict[int, float]] | None = None) -> list[Comparison]:
+    """`subject` against every other scheme of `values`, those pairs alone one family (Holm over them): the
+    question of someone who brings one scheme to a panel makes as many claims as the panel has schemes,
+    not as many as the panel has pairs, whose own pairs its report has decided already."""
+    return decide_family([(subject, other) for other in values if other != subject], values, margin, alpha, noise)
+
+
+def decide_family(pairs: list[tuple[str, str]], values: dict[str, dict[int, float]], margin: float, alpha: float,
+                  noise: dict[str, dict[int, float]] | None) -> list[Comparison]:
+    """Decide `pairs` as one family: paired tests, Holm's step-down over the testable ones, the equivalence
+    margin for the rest, and for a pair not separated the seeds that would separate it at the family's
+    strictest level."""
     noise = noise or {}
 
     def joint(a: str, b: str) -> dict[int, float]:
         return {s: noise.get(a, {}).get(s, 0.0) + noise.get(b, {}).get(s, 0.0) for s in values[a]}
 
-    tests = {(a, b): paired_test(values[a], values[b], joint(a, b)) for a, b in combinations(values, 2)}
+    tests = {(a, b): paired_test(values[a], values[b], joint(a, b)) for a, b in pairs}
     testable = {pair: test.p for pair, test in tests.items() if test is not None}
     adjusted, rejected = holm(testable, alpha)
     out = []

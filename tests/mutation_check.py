@@ -501,6 +501,9 @@ MUTATIONS = [
      '        return "not learned"', '        return "-"', DOCS),
     ("decide: the projection counts pairs that need more seeds than it projects", "relbench/evaluation/decisions.py",
      "c.seeds_needed is not None and c.seeds_needed <= seeds", "c.seeds_needed is not None", DECIDE),
+    ("decide: one scheme against a panel is decided with every pair of the panel", "relbench/comparisons.py",
+     "return decide_family([(subject, other) for other in values if other != subject], values, margin, alpha, noise)",
+     "return [c for c in compare_all(values, margin, alpha, noise) if subject in (c.a, c.b)]", DECIDE),
 ]
 
 

@@ -104,3 +104,23 @@ def test_tiers_and_spread_from_values():
     within, between = cmp.spread(values)
     assert within == pytest.approx(math.sqrt(0.005))   # each of A, B: deviations 0.05, 0.05 over 1 df
     assert between == pytest.approx(0.9 / math.sqrt(2))   # means 0.95 and 0.05
+
+
+def test_one_scheme_against_a_panel_is_its_own_family():
+    """A at 0.8-1.0 against B, C, D near 0.5 (which no test tells apart). By hand, with two degrees of
+    freedom (p = 1 - |t| / sqrt(t^2 + 2)): A - B = 0.3, 0.4, 0.5 gives t = 0.4 / (0.1 / sqrt 3) = 6.928,
+    p = 0.0202; A - C = 0.35, 0.40, 0.45 gives t = 13.856, p = 0.0052; A - D = 0.4 each time, p = 0.
+    Over all six pairs Holm compares A - B, third smallest, with 0.05 / 4 = 0.0125: not separated. Over
+    A's three pairs it meets 0.05 / 1: different."""
+    values = {"A": {0: 0.8, 1: 0.9, 2: 1.0}, "B": {0: 0.5, 1: 0.5, 2: 0.5},
+              "C": {0: 0.45, 1: 0.5, 2: 0.55}, "D": {0: 0.4, 1: 0.5, 2: 0.6}}
+    everything = {frozenset((c.a, c.b)): c for c in cmp.compare_all(values, margin=0.0)}
+    assert everything[frozenset("AB")].test.p == pytest.approx(1 - 6.928203 / math.sqrt(48 + 2), abs=1e-6)
+    assert everything[frozenset("AC")].test.p == pytest.approx(1 - 13.856406 / math.sqrt(192 + 2), abs=1e-6)
+    assert everything[frozenset("AB")].decision == cmp.NOT_SEPARATED
+    assert everything[frozenset("AC")].decision == cmp.DIFFERENT
+    mine = cmp.compare_one(values, "A", margin=0.0)
+    assert [(c.a, c.b) for c in mine] == [("A", "B"), ("A", "C"), ("A", "D")]
+    assert [c.decision for c in mine] == [cmp.DIFFERENT] * 3
+    assert mine[0].p_adjusted == pytest.approx(everything[frozenset("AB")].test.p)   # the last step: p itself
+    assert mine[1].p_adjusted == pytest.approx(2 * everything[frozenset("AC")].test.p)

@@ -134,3 +134,12 @@ def test_the_projection_counts_the_pairs_the_observed_differences_would_separate
     assert family.projected(8) == pytest.approx(3 / 6)         # + the pair 8 seeds separate
     assert family.projected(20) == pytest.approx(4 / 6)        # never the one no count of seeds separates
     assert math.isnan(decisions.Family("beyond", {}, [], {}).projected(10))
+
+
+def test_a_scheme_is_placed_with_its_own_pairs_as_the_family():
+    rows, competence = panel(SPEC)
+    decided = decisions.decide(reach_of(rows, "trials", {}, competence), "passkey", 128)
+    line = decisions.placement(decided, "kerple-log")
+    assert "(among all 6 pairs)" in line and "against each of the 3 other schemes (Holm over these 3 pairs)" in line
+    assert "different from rope (above), xl (above)" in line
+    assert decisions.placement(decided, "none").startswith("none: not learned in any seed")

@@ -36,6 +36,7 @@ class Family:
     values: dict[str, dict[int, float]]          # scheme -> learned seed -> value
     comparisons: list[cmp.Comparison]
     tiers: dict[str, str]
+    noise: dict[str, dict[int, float]] = field(default_factory=dict)   # scheme -> seed -> its trials' variance
 
     @property
     def decided(self) -> float:
@@ -121,7 +122,7 @@ def beyond_values(reaches: dict[str, Reach], lengths: list[int]) -> Measured:
 def family(key: str | int, measured_values: Measured, margin: float, alpha: float) -> Family:
     values, noise = measured_values
     comparisons = cmp.compare_all(values, margin, alpha, noise)
-    return Family(key, values, comparisons, cmp.tiers(values, comparisons))
+    return Family(key, values, comparisons, cmp.tiers(values, comparisons), noise)
 
 
 def decide(reaches: dict[str, Reach], task: str, train_length: int, margin: float = cmp.MARGIN,
@@ -228,21 +229,22 @@ def open_pairs_table(decisions: Decisions, limit: int = 12) -> tuple[list[str], 
 
 
 def placement(decisions: Decisions, variant: str) -> str:
-    """One line: where `variant` stands among the other schemes on the summary number: its tier and
-    mean, and which schemes it is different from, equivalent to and not separated from."""
+    """One line: where `variant` stands among the other schemes on the summary number: its tier (from every
+    pair of the result), its mean, and which schemes it is different from, equivalent to and not separated
+    from, decided with its own pairs as the family (comparisons.compare_one: Holm over the schemes it is
+    compared with, the claims this line makes)."""
     top = decisions.summary
     label = summary_label(decisions) if decisions.beyond else "the lengths beyond training"
     if top is None or variant not in top.values or not top.values[variant]:
         return f"{variant}: not learned in any seed, so it has no place on the {label}"
     groups: dict[str, list[str]] = {}
-    for c in top.comparisons:
-        if variant in (c.a, c.b):
-            other = c.b if c.a == variant else c.a
-            sign = "" if c.test is None or c.decision != cmp.DIFFERENT else \
-                (" (above)" if (c.test.mean > 0) == (c.a == variant) else " (below)")
-            groups.setdefault(c.decision, []).append(other + sign)
-    parts = [f"{variant}: tier {top.tiers.get(variant, '- (too few seeds)')} on the {label}, "
-             f"{mean_cell(top.values[variant])} over {len(top.values[variant])} learned seed(s)"]
+    mine = cmp.compare_one(top.values, variant, decisions.margin, decisions.alpha, top.noise)
+    for c in mine:
+        sign = "" if c.test is None or c.decision != cmp.DIFFERENT else (" (above)" if c.test.mean > 0 else " (below)")
+        groups.setdefault(c.decision, []).append(c.b + sign)
+    parts = [f"{variant}: tier {top.tiers.get(variant, '- (too few seeds)')} on the {label} (among all "
+             f"{len(top.comparisons)} pairs), {mean_cell(top.values[variant])} over {len(top.values[variant])} "
+             f"learned seed(s); against each of the {len(mine)} other schemes (Holm over these {len(mine)} pairs)"]
     words = {cmp.DIFFERENT: "different from", cmp.EQUIVALENT: "equivalent to", cmp.NOT_SEPARATED: "not separated from",
              cmp.UNTESTED: "untested against (under two seeds in common)"}
     parts += [f"{words[d]} " + ", ".join(sorted(groups[d])) for d in words if groups.get(d)]
