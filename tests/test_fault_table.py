@@ -1,13 +1,20 @@
 """Environment faults, command by command: a file where the run directory should be, a full disk and a
 folder that cannot be written each end in one line that names the cause and a fix, a non-zero exit,
-no traceback, and leave every file that was there byte for byte as it was."""
+no traceback, and leave every file that was there byte for byte as it was; a Ctrl-C at any moment of
+start-up ends in one line and 130."""
 
 import errno
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 from test_cli import assert_one_line_error, run
 
+from relbench.__main__ import INTERRUPTED
 from relbench.runs import results, rundir
 
 TINY = ["--preset", "tiny", "--variants", "alibi"]
@@ -105,12 +112,6 @@ def children_of(pid: int) -> list[int]:
 def test_workers_of_a_killed_parent_stop_save_and_resume(tmp_path):
     """SIGKILL of `train --jobs 2` leaves no orphan training: each worker sees its parent gone, stops after
     its step, saves where it was, and exits; the same command then resumes."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
     run_dir = tmp_path / "r"
     command = [sys.executable, "-m", "relbench", "train", "--preset", "tiny", "--variants", "alibi", "xl",
                "--steps", "20000", "--jobs", "2", "--run-dir", str(run_dir)]
@@ -155,3 +156,76 @@ def test_a_token_budget_too_small_to_draw_a_sequence_from_is_refused_with_the_le
     done = run("train", *TINY, "--max-train-tokens", 5, "--run-dir", tmp_path / "r")
     ends_in_one_line(done, 2, "holds 5 tokens", "--max-train-tokens 66 or more")
     assert run("train", *TINY, "--max-train-tokens", 66, "--run-dir", tmp_path / "ok").exit_code == 0
+
+
+# Moments of start-up, each "once this module has finished importing" (python -X importtime prints a
+# line as each import ends): typer loaded, numpy loaded inside torch's start-up, torch loaded, every
+# import done (the command running).
+STARTUP = ["typer", "numpy", "torch", "relbench.cli"]
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child process")
+@pytest.mark.parametrize("module", STARTUP)
+def test_ctrl_c_at_any_moment_of_start_up_ends_in_one_line_and_130(tmp_path, module):
+    """`relbench train` gets SIGINT as soon as `module` has loaded: stderr holds one line (besides
+    -X importtime's own) and the exit code is 130, never a traceback, an abort or a lost Ctrl-C."""
+    command = [sys.executable, "-X", "importtime", "-m", "relbench", "train", *TINY, "--steps", "100000",
+               "--run-dir", str(tmp_path / "r")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        for line in process.stderr:
+            if line.startswith("import time:") and line.rsplit("|", 1)[-1].strip() == module:
+                break
+        else:
+            pytest.fail(f"`{module}` was never imported")
+        process.send_signal(signal.SIGINT)
+        rest = process.stderr.read()
+        process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    lines = [line for line in rest.splitlines() if line.strip() and not line.startswith("import time:")]
+    assert process.returncode == 130, (process.returncode, rest[-3000:])
+    assert len(lines) == 1 and lines[0].startswith("interrupted:"), rest[-3000:]
+
+
+# Stands in for a library whose start-up swallows an interrupt: the first `import torch` marks a file,
+# waits, and drops whatever ends the wait. numpy's C start-up inside torch's import did that with a
+# KeyboardInterrupt (9 of 80 Ctrl-Cs at 0.1-2.5 s after the start on a loaded 2-core host, before
+# relbench/__main__.py ended the process itself): the command went on training, or failed later with
+# a traceback about a half-loaded numpy; one more, raised through torch's C++ start-up, aborted (SIGABRT).
+SWALLOWING_TORCH = """
+import runpy, sys, time
+from pathlib import Path
+marker = Path(sys.argv[1])
+class SwallowingTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            marker.touch()
+            try:
+                time.sleep(60)
+            except BaseException:
+                pass
+        return None
+sys.meta_path.insert(0, SwallowingTorch())
+sys.argv = ["relbench", "variants"]
+runpy.run_module("relbench", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_ctrl_c_in_a_library_that_swallows_it_while_loading_still_ends_in_one_line_and_130(tmp_path):
+    marker = tmp_path / "importing-torch"
+    process = subprocess.Popen([sys.executable, "-c", SWALLOWING_TORCH, str(marker)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert marker.exists(), "relbench never imported torch"
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert (process.returncode, err.splitlines()) == (130, [INTERRUPTED]), out[-500:]
