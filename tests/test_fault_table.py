@@ -164,6 +164,13 @@ def test_a_token_budget_too_small_to_draw_a_sequence_from_is_refused_with_the_le
 STARTUP = ["typer", "numpy", "torch", "relbench.cli"]
 
 
+def interruptible() -> None:
+    """In the child, before it runs: SIGINT back to its default, as at a terminal. A test run started in
+    the background (`cmd &` in a script, CI) hands its children SIGINT ignored, and relbench then keeps
+    it ignored on purpose (relbench/__main__.py), so the Ctrl-C these tests send would never arrive."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child process")
 @pytest.mark.parametrize("module", STARTUP)
 def test_ctrl_c_at_any_moment_of_start_up_ends_in_one_line_and_130(tmp_path, module):
@@ -172,7 +179,8 @@ def test_ctrl_c_at_any_moment_of_start_up_ends_in_one_line_and_130(tmp_path, mod
     command = [sys.executable, "-X", "importtime", "-m", "relbench", "train", *TINY, "--steps", "100000",
                "--run-dir", str(tmp_path / "r")]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                               preexec_fn=interruptible)
     try:
         for line in process.stderr:
             if line.startswith("import time:") and line.rsplit("|", 1)[-1].strip() == module:
@@ -216,7 +224,8 @@ runpy.run_module("relbench", run_name="__main__", alter_sys=True)
 
 def test_ctrl_c_in_a_library_that_swallows_it_while_loading_still_ends_in_one_line_and_130(tmp_path):
     marker = tmp_path / "importing-torch"
-    process = subprocess.Popen([sys.executable, "-c", SWALLOWING_TORCH, str(marker)], stdout=subprocess.PIPE,
+    process = subprocess.Popen([sys.executable, "-c", SWALLOWING_TORCH, str(marker)], preexec_fn=interruptible,
+                               stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
         deadline = time.monotonic() + 60
