@@ -148,10 +148,17 @@ def seeds_to_separate(test: PairedTest, alpha: float, limit: int = 1000) -> int 
     if test.std == 0:
         return 2
     effect = abs(test.mean) / test.std
-    for n in range(2, limit + 1):
-        if effect * math.sqrt(n) >= t_quantile(1 - alpha / 2, n - 1):
-            return n
-    return None
+
+    def separates(n: int) -> bool:   # monotone in n: sqrt(n) grows, the t quantile falls with its degrees of freedom
+        return effect * math.sqrt(n) >= t_quantile(1 - alpha / 2, n - 1)
+
+    if not separates(limit):
+        return None
+    low, high = 2, limit             # the fewest n that separates lies in [low, high]
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (low, middle) if separates(middle) else (middle + 1, high)
+    return low
 
 
 @dataclass(frozen=True)
