@@ -59,6 +59,7 @@ REACH = ["tests/test_criterion.py", "tests/test_reach.py", "tests/test_bench.py"
 PLUGINS = ["tests/test_plugins.py", "tests/test_contract.py"]
 JOBS = ["tests/test_jobs.py"]
 SUMMARIES = ["tests/test_summaries.py"]
+FINDINGS = ["tests/test_findings.py"]
 MERGE = ["tests/test_merge.py"]
 DECIDE = ["tests/test_comparisons.py", "tests/test_decisions.py"]
 PANELS = ["tests/test_panels.py"]
@@ -509,6 +510,18 @@ MUTATIONS = [
     ("decide: one scheme against a panel is decided with every pair of the panel", "relbench/comparisons.py",
      "return decide_family([(subject, other) for other in values if other != subject], values, margin, alpha, noise)",
      "return [c for c in compare_all(values, margin, alpha, noise) if subject in (c.a, c.b)]", DECIDE),
+    ("findings: the prediction interval forgets the new seed's own spread", "relbench/reporting/findings.py",
+     "s.std ** 2 * (1 + 1 / s.n) + trial_variance", "s.std ** 2 / s.n + trial_variance", FINDINGS),
+    ("findings: a fresh seed's own trial noise left out of its verdict", "relbench/reporting/findings.py",
+     "return prediction_interval(list(self.panel.values()), self.noise.get(seed, 0.0))",
+     "return prediction_interval(list(self.panel.values()))", FINDINGS),
+    ("findings: the summary number read at the run's lengths, not the panel's", "relbench/reporting/findings.py",
+     "values, noise = decisions.beyond_values({variant: mine}, decided.beyond)",
+     "values, noise = decisions.beyond_values({variant: mine}, decided.beyond[:1])", FINDINGS),
+    ("the main job trains the preset's whole list again", "relbench/cli/bench.py",
+     "    return list(MAIN_PANEL)\n", "    return None\n", FINDINGS),
+    ("a run's expected end from its steps done, not those left", "relbench/training/jobs.py",
+     "left = elapsed / step * (steps - step)", "left = elapsed / step * step", FINDINGS),
 ]
 
 

@@ -79,6 +79,10 @@ def test_a_presets_own_retrieval_track(tmp_path):
     assert result.exit_code == 0, result.output
     assert "retrieval track (preset tiny-retrieval" in result.output
     assert set(pd.read_csv(run_dir / "retrieval" / "train.csv")["step"]) <= set(range(1, 7))
+    # the closing lines: what it found, and why its retrieval seeds are not set beside the shipped panel's
+    assert "Passkey (1 seed(s), trained to criterion at 112)" in result.output
+    assert "this run's protocol differs (model.d_model: panel 64, this run 32)" in result.output
+    assert (run_dir / "findings.md").read_text().startswith("# What this run found")
 
 
 def test_bench_refuses_a_retrieval_config_without_both_tracks(tmp_path):

@@ -21,7 +21,6 @@ from relbench.cli.common import (
     RunDir,
     TokenizerName,
     TrainJobs,
-    Variants,
     app,
     command_experiment,
     console,
@@ -38,11 +37,20 @@ from relbench.runs import results, runconfig, rundir
 
 TRACKS = ("all", "lm", "retrieval")
 RETRIEVAL_PRESET = "retrieval"
+# What `relbench bench` trains unless --variants (or an experiment file's list) names others: six schemes
+# that span the shipped retrieval panel's tiers (README: fox:bias_init=5 a; alibi, kerple-log ab; t5 bc;
+# xl, rope c), each of which learned passkey in every one of the panel's six seeds within 900-4,400
+# steps. `--variants all` trains the preset's whole list (quick: 16 language models and their retrieval
+# models, about an hour on a 2-core CPU). docs/performance.md times both.
+MAIN_PANEL = ("fox:bias_init=5", "alibi", "kerple-log", "t5", "xl", "rope")
+BenchVariants = Annotated[list[str] | None, typer.Option(
+    "--variants", help='Variant specs, e.g. xl alibi "t5:bidirectional=true"; all: every variant of the preset or '
+                       f'file (default: the file\'s list, else {" ".join(MAIN_PANEL)}). See `relbench variants`.')]
 
 
 @app.command("bench")
 def bench_command(
-    variants: Variants = None,
+    variants: BenchVariants = None,
     preset: Preset = None,
     config: ConfigFile = None,
     lengths: Lengths = None,
@@ -71,19 +79,26 @@ def bench_command(
                                                 "option that changes the protocol is refused.",
                                                 show_default=False)] = None,
 ) -> None:
-    """Train, extrapolate and report in one go (default: both tracks on the embedded corpus).
+    """Train, extrapolate and report in one go (default: six schemes that span the tiers, both tracks,
+    on the embedded corpus).
 
-    The report opens with one table: per variant, the perplexity ratio at 16x, whether the language
-    model uses distant context, passkey and MQAR reach over the seeds that learned, steps to learn,
-    and the attention cost at 4x. Before training, bench prints its expected time for each track.
+    Without --variants, bench trains six schemes that span the shipped retrieval panel's tiers
+    (fox:bias_init=5, alibi, kerple-log, t5, xl, rope); --variants all trains the preset's whole list.
+    Each track is reported as soon as it is measured, the language models first. The report opens with
+    one table: per variant, the perplexity ratio at 16x, whether the language model uses distant
+    context, passkey and MQAR reach over the seeds that learned, steps to learn, and the attention cost
+    at 4x. At the end, three lines say what the run found and how its retrieval seeds sit among the
+    shipped panel's (RUN/findings.md keeps them). Before training, bench prints its expected time.
 
-    Example: relbench bench        (the quick preset's variants and their retrieval track; the README quotes times)
+    Example: relbench bench        (six schemes, both tracks; docs/performance.md times it)
+             relbench bench --variants all     (every variant of the preset: about an hour on 2 cores)
              relbench bench --track lm --config examples/three-schemes.toml
              relbench bench --track retrieval --variants alibi rope xl t5
              relbench bench --plugin mybias.py --variants mybias --against retrieval
     """
     use_plugins(plugin)
     rundir.check_folder(run_dir)
+    variants = bench_variants(variants, config)
     if against is not None:
         refuse_protocol_options(against, track, retrieval_config, lengths)
         bench_against(against, variants, preset, config, run_dir, overrides_of(position_lr_scale, tokenizer,
@@ -99,6 +114,20 @@ def bench_command(
     runs = track_runs(track, variants, preset, config, retrieval_config, run_dir, overrides, data)
     announce(runs, device, jobs)
     run_tracks(runs, track, lengths, device, log, jobs)
+
+
+def bench_variants(variants: list[str] | None, config: Path | None) -> list[str] | None:
+    """The variants bench trains: those named; `all`: the preset's or file's whole list (None); none
+    named: the file's list when it has one, else MAIN_PANEL."""
+    if variants and "all" in variants:
+        if len(variants) > 1:
+            raise UsageError("--variants all trains every variant of the preset; give it alone, or name variants")
+        return None
+    if variants:
+        return variants
+    if config is not None and read_file(config).get("variants"):
+        return None
+    return list(MAIN_PANEL)
 
 
 def refuse_protocol_options(against: str, track: str, retrieval_config: Path | None, lengths: list[int] | None) -> None:
@@ -139,15 +168,34 @@ def track_runs(track: str, variants: list[str] | None, preset: str | None, confi
 
 
 def run_tracks(runs: list[tuple], track: str, lengths: list[int] | None, device: str, log: str, jobs: str) -> None:
-    """Train and extrapolate each of `runs` (track_runs'), then report them, the retrieval track first."""
+    """Train, extrapolate and report each of `runs` (track_runs'), the language models first, so that
+    the first comparison is on screen while the retrieval models train; then the language-model
+    report again (it reads the retrieval track) and what the run found."""
     for folder, exp, specs, seeds, evals in runs:
         with rundir.RunLock(folder):
             train_runs(folder, exp, trained_variants(specs), seeds, device, False, log, jobs)
             extrapolate_runs(folder, lengths if exp.train.task == "lm" or track == "retrieval" else None, specs, "auto",
                          None, device, seeds, eval_overrides=evals)
-    for folder, *_ in reversed(runs):   # the retrieval track first: the language-model report reads it
-        with rundir.RunLock(folder):
             report_run(folder)
+    if len(runs) > 1:
+        with rundir.RunLock(runs[0][0]):
+            report_run(runs[0][0])
+    closing_lines(runs)
+
+
+def closing_lines(runs: list[tuple]) -> None:
+    """What the run found, in three lines, and its retrieval seeds beside the shipped panel's (printed, and
+    kept in the first run directory's findings.md)."""
+    from relbench.reporting import findings, report
+
+    tasks = {("lm" if exp.train.task == "lm" else "retrieval"): Path(folder) for folder, exp, *_ in runs}
+    lines, table = findings.findings(tasks.get("lm"), tasks.get("retrieval"))
+    if table is not None:
+        console.print(report.rich_table("This run's retrieval seeds beside the shipped panel's (mean accuracy "
+                                        "4x-64x)", *table))
+    for line in lines:
+        console.print(line, markup=False)
+    console.print(f"wrote {findings.write(Path(runs[0][0]), lines, table)}", markup=False)
 
 
 def overrides_of(position_lr_scale, tokenizer, max_train_tokens) -> dict:

@@ -43,6 +43,7 @@ from relbench.cost import memory
 from relbench.errors import RelbenchError, UsageError
 from relbench.model import GPT
 from relbench.training.batches import random_positions
+from relbench.training.jobs import human_time
 from relbench.training.step import forward_backward, make_optimizer, optimizer_step, position_lr
 
 DRY_STEPS = 2
@@ -178,16 +179,6 @@ def measure(spec: str, exp: Experiment, device: torch.device, steps: int = DRY_S
             "position_params": memory.parameter_count(model_config, positions_only=True), "memory_bytes": need,
             "fits_batch": fits, "micro_batch": micro,
             "seconds_per_step": fixed + per_token * length * config.batch_size}
-
-
-def human_time(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 90 * 60:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 48 * 3600:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} days"
 
 
 def plan_vocabulary(exp: Experiment, console) -> None:

@@ -178,8 +178,9 @@ def _child(results, index: int, pair, model_config: ModelConfig, splits: Splits,
             if row["step"] % every == 0:
                 accuracy = row["val_accuracy"]
                 shown = f", validation accuracy {accuracy:.0%}" if accuracy == accuracy else ""
+                end = expected_end(row["step"], pair.config.steps, row["elapsed_s"], pair.config.criterion_accuracy > 0)
                 results.put((index, "line", f"{pair.label}: step {row['step']:,} of {pair.config.steps:,}, "
-                                            f"train loss {row['train_loss']:.3f}{shown}"))
+                                            f"train loss {row['train_loss']:.3f}{shown}{end}"))
 
         with StopRequest() as stop:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -199,6 +200,30 @@ def _child(results, index: int, pair, model_config: ModelConfig, splits: Splits,
     finally:
         if orphaned.is_set():          # nobody reads the queue: exit without waiting to hand it over
             results.cancel_join_thread()
+
+
+def human_time(seconds: float) -> str:
+    """"45 s", "12 min", "3.5 h", "2.1 days"."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
+
+
+def expected_end(step: int, steps: int, elapsed: float, capped: bool, now: float | None = None) -> str:
+    """"; ends about 14:32 (6 min more)": when a run at `step` of `steps`, `elapsed` seconds in (over
+    every resume), ends at its pace so far; `capped` (trained to a criterion): when it reaches its cap,
+    an upper bound. Empty before the first step and at the last."""
+    if step <= 0 or elapsed <= 0 or step >= steps:
+        return ""
+    left = elapsed / step * (steps - step)
+    clock = time.strftime("%H:%M", time.localtime((time.time() if now is None else now) + left))
+    if capped:
+        return f"; ends by {clock} at the latest (its {steps:,}-step cap, {human_time(left)} more; most stop earlier)"
+    return f"; ends about {clock} ({human_time(left)} more)"
 
 
 def watch_parent(every: float = 1.0) -> threading.Event:
