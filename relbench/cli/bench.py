@@ -79,16 +79,13 @@ def bench_command(
                                                 "option that changes the protocol is refused.",
                                                 show_default=False)] = None,
 ) -> None:
-    """Train, extrapolate and report in one go (default: six schemes that span the tiers, both tracks,
-    on the embedded corpus).
+    """Train, extrapolate and report in one go: by default six schemes that span the shipped panel's
+    tiers (fox:bias_init=5, alibi, kerple-log, t5, xl, rope), both tracks, on the embedded corpus.
 
-    Without --variants, bench trains six schemes that span the shipped retrieval panel's tiers
-    (fox:bias_init=5, alibi, kerple-log, t5, xl, rope); --variants all trains the preset's whole list.
-    Each track is reported as soon as it is measured, the language models first. The report opens with
-    one table: per variant, the perplexity ratio at 16x, whether the language model uses distant
-    context, passkey and MQAR reach over the seeds that learned, steps to learn, and the attention cost
-    at 4x. At the end, three lines say what the run found and how its retrieval seeds sit among the
-    shipped panel's (RUN/findings.md keeps them). Before training, bench prints its expected time.
+    It prints its expected time first and reports each track as soon as it is measured, the language
+    models first; each report opens with one table (perplexity ratio at 16x, use of distant context,
+    passkey and MQAR reach, steps to learn, attention cost). Three closing lines say what the run found
+    and how its retrieval seeds sit among the shipped panel's (kept in RUN/findings.md).
 
     Example: relbench bench        (six schemes, both tracks; docs/performance.md times it)
              relbench bench --variants all     (every variant of the preset: about an hour on 2 cores)
@@ -98,12 +95,12 @@ def bench_command(
     """
     use_plugins(plugin)
     rundir.check_folder(run_dir)
-    variants = bench_variants(variants, config)
     if against is not None:
         refuse_protocol_options(against, track, retrieval_config, lengths)
         bench_against(against, variants, preset, config, run_dir, overrides_of(position_lr_scale, tokenizer,
                       max_train_tokens), device, log, jobs)
         return
+    variants = bench_variants(variants, config)
     if track not in TRACKS:
         raise unknown("track", track, list(TRACKS))
     if retrieval_config is not None and track != "all":

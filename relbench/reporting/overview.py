@@ -260,7 +260,8 @@ def headline(run_dir: Path, config: dict, summary: pd.DataFrame | None,
         if missing:
             notes.append(f"{'Passkey' if task == 'passkey' else 'MQAR'}: {missing}")
     if retrieval_dir is None and lm_variants:
-        notes.append("No retrieval track in this run (`relbench bench --track all` adds it): reach is not measured.")
+        notes.append(f"No retrieval track in {Path(run_dir) / RETRIEVAL_TRACK} yet (`relbench bench` trains it after the "
+                     "language models, and this report is written again with its reach): reach is not measured.")
     return header, body, notes
 
 
