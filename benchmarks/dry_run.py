@@ -30,7 +30,7 @@ from rich.table import Table
 
 from relbench import config
 from relbench.cli import dryrun
-from relbench.cost import memory
+from relbench.cost import memory, resident
 from relbench.training.step import position_lr
 
 
@@ -47,11 +47,12 @@ def whole_step(spec: str, exp, device: torch.device, batch: int, steps: int) -> 
 
 
 def whole_memory(spec: str, exp, batch: int) -> int:
-    """training_bytes with the saved tensors probed on the configured model itself."""
+    """training_bytes (on CPU) with the saved tensors probed on the configured model itself."""
     model = dataclasses.replace(exp.model, position=spec, attention=exp.train.attention)
     per_row, shared = memory.probe_line(model, exp.train.precision)
     weights = memory.FLOAT * 4 * memory.parameter_count(model)
-    return memory.with_backward(model, batch, weights, batch * per_row + shared)
+    step = memory.with_backward(model, batch, weights, batch * per_row + shared)
+    return resident.process_bytes(model, batch, exp.train.precision, step, batch * per_row)
 
 
 def main() -> None:

@@ -191,25 +191,25 @@ def test_dry_run_measures_and_writes_nothing(tmp_path):
 
 
 def test_largest_batch_is_the_largest_that_fits():
-    from relbench.cost import memory
+    from relbench.cost import resident
 
     model = dataclasses.replace(config.experiment("tiny").model, position="xl")
-    need = {b: memory.training_bytes(model, b, "fp32") for b in (1, 7, 8)}
-    assert memory.largest_batch(model, "fp32", need[7], 64) == 7            # exactly fits
-    assert memory.largest_batch(model, "fp32", need[8] - 1, 64) == 7
-    assert memory.largest_batch(model, "fp32", need[8], 5) == 5              # never above the batch asked for
-    assert memory.largest_batch(model, "fp32", need[1] - 1, 64) == 0         # not one sequence
+    need = {b: resident.training_bytes(model, b, "fp32") for b in (1, 7, 8)}
+    assert resident.largest_batch(model, "fp32", need[7], 64) == 7            # exactly fits
+    assert resident.largest_batch(model, "fp32", need[8] - 1, 64) == 7
+    assert resident.largest_batch(model, "fp32", need[8], 5) == 5              # never above the batch asked for
+    assert resident.largest_batch(model, "fp32", need[1] - 1, 64) == 0         # not one sequence
 
 
 def test_a_batch_beyond_memory_is_refused_with_the_batch_that_fits_and_the_dry_run_times_a_micro_batch(
         tmp_path, monkeypatch):
     from relbench.cli import dryrun
-    from relbench.cost import memory
+    from relbench.cost import memory, resident
 
     tiny = config.experiment("tiny")
     model = dataclasses.replace(tiny.model, position="xl")
     fits = 3
-    monkeypatch.setenv(memory.ENV, str(memory.training_bytes(model, fits, "fp32") + 1))
+    monkeypatch.setenv(memory.ENV, str(resident.training_bytes(model, fits, "fp32") + 1))
     result = run("train", "--preset", "tiny", "--variants", "xl", "--batch-size", 64, "--run-dir", tmp_path / "r")
     assert_one_line_error(result, 1, "--batch-size 3 fits (the largest that does)")
     assert not (tmp_path / "r" / "config.json").exists()
@@ -220,7 +220,7 @@ def test_a_batch_beyond_memory_is_refused_with_the_batch_that_fits_and_the_dry_r
     assert "no (3)" in text and "scaled to the batch of 64" in text and "the largest --batch-size that does" in text
     row = dryrun.measure("xl", dataclasses.replace(tiny, train=dataclasses.replace(tiny.train, batch_size=64)),
                          torch.device("cpu"))
-    assert row["micro_batch"] == 1 and row["fits_batch"] == 3    # half of a budget of 3 holds one sequence
+    assert row["micro_batch"] == 1 and row["fits_batch"] == 3    # half of a budget of 3 holds no sequence: one is timed
     # a slow step: the micro-batch shrinks so that a timed step stays near MICRO_STEP_SECONDS
     monkeypatch.delenv(memory.ENV)
     train = dataclasses.replace(tiny.train, batch_size=64)

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from relbench.cli import app
 from relbench.cli.common import resolve_jobs
 from relbench.config import ModelConfig, TrainConfig
-from relbench.cost import memory
+from relbench.cost import memory, resident
 from relbench.errors import UsageError
 from relbench.runs import checkpoints, rundir
 
@@ -107,8 +107,8 @@ def test_jobs_are_resolved_and_refused_in_one_line(threads):
 def test_jobs_fit_in_memory(threads, monkeypatch):
     """auto takes as many jobs as fit; a number that does not fit is refused naming one that does."""
     model, train = ModelConfig(d_model=32, n_layers=2, n_heads=2, train_length=32), TrainConfig(batch_size=8)
-    one = memory.model_bytes(model) + max(memory.training_bytes(dataclasses.replace(model, position=s), 8,
-                                                                 train.precision) for s in ("alibi", "dape"))
+    one = memory.model_bytes(model) + max(resident.training_bytes(dataclasses.replace(model, position=s), 8,
+                                                                   train.precision) for s in ("alibi", "dape"))
     torch.set_num_threads(8)
     monkeypatch.setenv(memory.ENV, str(int(one * 2.5)))
     cpu = torch.device("cpu")

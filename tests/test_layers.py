@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("relbench.contract",),      # what a scheme must keep (relbench check, the registry-wide tests)
     ("relbench.runs",),          # run directories, checkpoints, processes, tracking
     ("relbench.data",),
-    ("relbench.cost",),          # memory, profiling, inspection
+    ("relbench.cost",),          # memory, resident, profiling, inspection
     ("relbench.training",),
     ("relbench.evaluation",),
     ("relbench.reporting",),

@@ -18,7 +18,7 @@ from relbench import positions
 from relbench.attention import BACKENDS, check
 from relbench.cli.group import Group
 from relbench.config import PRECISIONS, Experiment, ModelConfig, TrainConfig, experiment
-from relbench.cost import memory
+from relbench.cost import memory, resident
 from relbench.errors import UsageError
 from relbench.positions import forms
 from relbench.runs import distributed
@@ -89,7 +89,7 @@ def resolve_jobs(jobs: str, specs: list[str], model: ModelConfig, train: TrainCo
         raise UsageError(f"--jobs {wanted} trains runs side by side on a CPU; {where} use --jobs 1")
     if wanted == 1:
         return 1
-    one = memory.model_bytes(model) + max(training_need(spec, model, train, train.batch_size) for spec in specs)
+    one = memory.model_bytes(model) + max(training_need(spec, model, train, train.batch_size, device) for spec in specs)
     have = memory.budget(device)
     if text == "auto":
         return max(1, min(wanted, have // one)) if have is not None else wanted
@@ -181,11 +181,11 @@ def position_lr_overrides(value: str | None) -> dict[str, Any]:
     return {"position_lr_scale": scale}
 
 
-def training_need(spec: str, model: ModelConfig, train: TrainConfig, rows: int) -> int:
-    """The estimated peak bytes of one training step of `spec` at `rows` sequences (the model's own
-    bytes apart): what the memory check and --jobs auto both count per run."""
-    return memory.training_bytes(dataclasses.replace(model, position=spec, attention=train.attention), rows,
-                                 train.precision)
+def training_need(spec: str, model: ModelConfig, train: TrainConfig, rows: int, device: torch.device) -> int:
+    """The estimated peak bytes of a training run of `spec` at `rows` sequences on `device`
+    (resident.training_bytes): what the memory check and --jobs auto both count per run."""
+    return resident.training_bytes(dataclasses.replace(model, position=spec, attention=train.attention), rows,
+                                   train.precision, device)
 
 
 def check_training_memory(specs: list[str], model: ModelConfig, train: TrainConfig, preset: str,
@@ -196,12 +196,12 @@ def check_training_memory(specs: list[str], model: ModelConfig, train: TrainConf
     shared = f" in {share} processes sharing its memory" if share > 1 else ""
     memory.require(memory.model_bytes(model) * share, device, f"a model of d_model {model.d_model} x "
                    f"{model.n_layers} layers{shared}", "use a smaller preset")
-    need = {spec: training_need(spec, model, train, rows) * share for spec in specs}
+    need = {spec: training_need(spec, model, train, rows, device) * share for spec in specs}
     hungriest = max(need, key=need.get)
     have = memory.budget(device)
     if have is not None and need[hungriest] > have:
-        fits = memory.largest_batch(dataclasses.replace(model, position=hungriest, attention=train.attention),
-                                    train.precision, have // share, rows)
+        fits = resident.largest_batch(dataclasses.replace(model, position=hungriest, attention=train.attention),
+                                      train.precision, have // share, rows, device)
         fix = (f"--batch-size {fits * distributed.world()} fits (the largest that does), or use a shorter --train-length"
                if fits else "not even a batch of one sequence fits: use a shorter --train-length or a smaller preset")
         memory.require(need[hungriest], device, f"training {hungriest} at {distributed.batch_text(train.batch_size)} x "

@@ -1,7 +1,7 @@
 """`relbench train --dry-run`: what a training run would cost, from a few measured steps, without
 training, loading the corpus or writing anything.
 
-Per variant: parameters, the training memory estimate (relbench.cost.memory.training_bytes, the
+Per variant: parameters, the training memory estimate (relbench.cost.resident.training_bytes, the
 figure the memory check uses), whether it fits the device (and if not, the largest --batch-size that
 does), and the seconds per step at the configured batch.
 
@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from relbench.config import Experiment
-from relbench.cost import memory
+from relbench.cost import memory, resident
 from relbench.errors import RelbenchError, UsageError
 from relbench.model import GPT
 from relbench.training.batches import random_positions
@@ -57,8 +57,8 @@ MOST_ROUNDS = 10
 def micro_batch(model_config, config, device: torch.device, one_step_seconds: float) -> int:
     """The batch the dry run times (see the module doc)."""
     have = memory.budget(device)
-    fits = config.batch_size if have is None else memory.largest_batch(model_config, config.precision, have // 2,
-                                                                         config.batch_size)
+    fits = config.batch_size if have is None else resident.largest_batch(model_config, config.precision, have // 2,
+                                                                           config.batch_size, device)
     quick = max(1, int(MICRO_STEP_SECONDS / max(one_step_seconds, 1e-9)))
     return max(1, min(config.batch_size, fits, quick))
 
@@ -172,9 +172,9 @@ def measure(spec: str, exp: Experiment, device: torch.device, steps: int = DRY_S
     vocabulary = vocabulary_seconds(exp, device, steps) if vocabulary is None else vocabulary
     fixed, per_token = (a + (layers - 1) * max(0.0, b - a) + v for a, b, v in zip(one, two, vocabulary))
     have = memory.budget(device)
-    need = memory.training_bytes(model_config, config.batch_size, config.precision)
-    fits = None if have is None or need <= have else memory.largest_batch(model_config, config.precision, have,
-                                                                          config.batch_size)
+    need = resident.training_bytes(model_config, config.batch_size, config.precision, device)
+    fits = None if have is None or need <= have else resident.largest_batch(model_config, config.precision, have,
+                                                                            config.batch_size, device)
     return {"variant": spec, "params": memory.parameter_count(model_config),
             "position_params": memory.parameter_count(model_config, positions_only=True), "memory_bytes": need,
             "fits_batch": fits, "micro_batch": micro,
@@ -226,7 +226,8 @@ def report(exp: Experiment, specs: list[str], seeds: list[int], device: torch.de
     table = rich_table("Dry run (nothing trained or written)", ["variant", "params", "position", "memory", "fits",
                                                                  "timed", "s/step", "tok/s", "projected"], rows)
     console.print(table)   # in a pipe the console is wide already (cli/common.py, PIPE_WIDTH) unless COLUMNS says
-    console.print("memory: the estimated peak of a step; fits: whether it fits this device (in brackets, the largest "
+    console.print("memory: the estimated peak of a run (on CPU the process's resident set beyond Python and torch); "
+                  "fits: whether it fits this device (in brackets, the largest "
                   "--batch-size that does); timed: the micro-batch the steps were timed at, scaled to the batch",
                   markup=False)
     parallel = (f"; {side_by_side} side by side (--jobs), each step measured at {threads_per_job(side_by_side)} of "

@@ -4,12 +4,15 @@ Linux lets a process ask for more memory than the machine has and then kills it 
 with no exception to catch and no message. A typing slip such as `--batch-size 100000` would end
 that way, minutes into a run. So each command that sizes a model or a batch from user input first
 compares what it needs with the memory the device has, and refuses at once, in one line, when it
-does not fit. For training that is the step's peak (training_bytes: the saved tensors measured on
-the real model, backward's gradients of the logits and of one layer on top); tests/test_memory.py
-checks the estimates against real training steps and a real evaluation, measured in a fresh
+does not fit. For training that is the peak resident set of the training process beyond Python
+and torch (relbench.cost.resident.training_bytes): the step's tensors (step_bytes here: the saved
+tensors measured on the real model, backward's gradients of the logits and of one layer on top) and,
+on CPU, what the process holds besides them (the command's libraries and corpus, the freed blocks
+the C allocator keeps). tests/test_memory.py checks the estimates against real training steps and a
+real evaluation, and against the peak resident set of real `relbench train` runs, each in a fresh
 process.
 
-    need = training_bytes(model_config, batch_size, "bf16")
+    need = resident.training_bytes(model_config, batch_size, "bf16", device)    # relbench.cost.resident
     require(need, device, "training xl at --batch-size 64 x --train-length 4096", "use a smaller --batch-size")
 
 `RELBENCH_MEMORY` (for example `4GB` or `512MB`) caps the budget below what the device has, for a
@@ -148,8 +151,8 @@ LOGIT_COPIES = 2.5
 BACKWARD_SHARE = 0.5
 
 
-def training_bytes(model: ModelConfig, batch_size: int, precision: str = "fp32") -> int:
-    """The peak memory of one training step of `model.position` at `batch_size`: weights,
+def step_bytes(model: ModelConfig, batch_size: int, precision: str = "fp32") -> int:
+    """The peak of the tensors one training step of `model.position` at `batch_size` holds: weights,
     gradients and AdamW's two moments (16 bytes per parameter), every tensor autograd saves for
     backward, and backward's own (LOGIT_COPIES, BACKWARD_SHARE). The saved tensors are measured,
     not guessed: real models run a forward and the loss at three short lengths (8, 16 and 32;
@@ -197,10 +200,13 @@ def saved_line(model_json: str, precision: str) -> tuple[float, float, float]:
     return weights, per_row, shared
 
 
-def _reference_json(model: ModelConfig) -> str:
+def vocabulary_reference(model: ModelConfig) -> ModelConfig:
     """The one-layer model without position encoding whose vocabulary share stands for every scheme's."""
-    reference = dataclasses.replace(model, position="none", position_options={}, n_layers=1, attention="auto")
-    return json.dumps(dataclasses.asdict(reference), sort_keys=True)
+    return dataclasses.replace(model, position="none", position_options={}, n_layers=1, attention="auto")
+
+
+def _reference_json(model: ModelConfig) -> str:
+    return json.dumps(dataclasses.asdict(vocabulary_reference(model)), sort_keys=True)
 
 
 @functools.lru_cache(maxsize=16)
@@ -214,7 +220,7 @@ def _vocabulary_line(reference_json: str, precision: str) -> tuple[float, float]
 
 def probe_line(model: ModelConfig, precision: str) -> tuple[float, float]:
     """(saved bytes per sequence, saved bytes shared by the batch) of the real model `model`, built
-    and probed at three short lengths and two batch sizes (see training_bytes)."""
+    and probed at three short lengths and two batch sizes (see step_bytes)."""
     return _probe_lines(model, precision, (model.n_layers,))[0]
 
 
@@ -235,7 +241,7 @@ def _probe_lines(model: ModelConfig, precision: str, layers: tuple[int, ...]) ->
 
 
 def _fit_line(gpt, model: ModelConfig, backend: str, precision: str) -> tuple[float, float]:
-    """The saved bytes of `gpt` probed and fitted (see training_bytes)."""
+    """The saved bytes of `gpt` probed and fitted (see step_bytes)."""
     from relbench.attention import chunk_block
 
     top = model.train_length
@@ -278,20 +284,6 @@ def with_backward(model: ModelConfig, batch_size: int, weights: float, saved: fl
     return int(weights + saved + LOGIT_COPIES * logits + BACKWARD_SHARE * layers / max(1, model.n_layers))
 
 
-def largest_batch(model: ModelConfig, precision: str, have: int, most: int) -> int:
-    """The largest batch (at most `most`) whose training_bytes fit in `have` bytes; 0 when not even
-    one sequence does. The estimate grows linearly with the batch (saved(B, L) is linear in B), so
-    two probes give the line; the answer is checked against the estimate itself."""
-    one, two = training_bytes(model, 1, precision), training_bytes(model, 2, precision)
-    if one > have:
-        return 0
-    per_row = max(1, two - one)
-    batch = max(1, min(most, (have - one) // per_row + 1))
-    while batch > 1 and training_bytes(model, batch, precision) > have:
-        batch -= 1
-    return batch
-
-
 def training_backend(model: ModelConfig, precision: str) -> str:
     """The attention path training takes at the model's length (what `attention.choose` picks)."""
     from relbench import positions
@@ -308,14 +300,23 @@ def training_backend(model: ModelConfig, precision: str) -> str:
 
 def saved_bytes(gpt, batch: int, length: int, precision: str) -> int:
     """Bytes of the distinct storages autograd saves for backward in one forward and loss
-    (parameters excluded: they are counted with their optimiser state)."""
+    (parameters excluded, and the transposed views of them a linear layer saves: they are counted
+    with their optimiser state)."""
+    return sum(saved_storages(gpt, batch, length, precision))
+
+
+def saved_storages(gpt, batch: int, length: int, precision: str) -> list[int]:
+    """The bytes of each storage saved_bytes counts, in the order autograd first saves it: the same
+    storages in the same order at every batch size above one (the same operations run; at one, some
+    copies are views, and fewer storages are saved)."""
     import torch.nn.functional as F
 
     storages: dict[int, int] = {}
+    weights = {p.untyped_storage().data_ptr() for p in gpt.parameters()}
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
-        if not (tensor.requires_grad and tensor.grad_fn is None):
-            storage = tensor.untyped_storage()
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in weights:
             storages[storage.data_ptr()] = storage.nbytes()
         # detached: a saved output kept with its own grad_fn is a reference cycle through C++ that
         # no gc.collect() frees when backward never runs (here it never does), and every probe's
@@ -327,7 +328,7 @@ def saved_bytes(gpt, batch: int, length: int, precision: str) -> int:
             torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
         logits = gpt(tokens)
         F.cross_entropy(logits.float().flatten(0, 1), tokens.flatten())
-    return sum(storages.values())
+    return list(storages.values())
 
 
 def require(need: int, device: torch.device | str, what: str, fix: str) -> None:

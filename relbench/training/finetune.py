@@ -50,7 +50,7 @@ from rich.progress import Progress
 from relbench import positions
 from relbench.attention import check as check_backend
 from relbench.config import ModelConfig, TrainConfig, to_dict
-from relbench.cost import memory
+from relbench.cost import memory, resident
 from relbench.data import Splits
 from relbench.errors import RelbenchError, UsageError
 from relbench.positions import forms
@@ -151,9 +151,9 @@ def settings(meta: dict[str, Any], length: int, steps: int, lr: float | None,
 
 
 def check_memory(spec: str, model: ModelConfig, train: TrainConfig, length: int, device: torch.device) -> None:
-    """Training's memory check (memory.training_bytes) at the fine-tuning length, before any work."""
+    """Training's memory check (resident.training_bytes) at the fine-tuning length, before any work."""
     shape = dataclasses.replace(model, position=spec, attention=train.attention, train_length=length)
-    need = memory.training_bytes(shape, distributed.per_rank(train.batch_size), train.precision)
+    need = resident.training_bytes(shape, distributed.per_rank(train.batch_size), train.precision, device)
     memory.require(need, device, f"fine-tuning {spec} at {distributed.batch_text(train.batch_size)} x --length {length}",
                    "use a smaller --batch-size or --length")
 
