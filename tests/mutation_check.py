@@ -535,6 +535,8 @@ MUTATIONS = [
      "values, noise = decisions.beyond_values({variant: mine}, decided.beyond[:1])", FINDINGS),
     ("the main job trains the preset's whole list again", "relbench/cli/bench.py",
      "    return list(MAIN_PANEL)\n", "    return None\n", FINDINGS),
+    ("--jobs counts one process's imports for every run side by side", "relbench/cli/common.py",
+     "        + resident.SIDE_PROCESS   # each run", "        + 0   # each run", JOBS),
     ("a run's expected end from its steps done, not those left", "relbench/training/jobs.py",
      "left = elapsed / step * (steps - step)", "left = elapsed / step * step", FINDINGS),
 ]

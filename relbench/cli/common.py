@@ -89,7 +89,8 @@ def resolve_jobs(jobs: str, specs: list[str], model: ModelConfig, train: TrainCo
         raise UsageError(f"--jobs {wanted} trains runs side by side on a CPU; {where} use --jobs 1")
     if wanted == 1:
         return 1
-    one = memory.model_bytes(model) + max(training_need(spec, model, train, train.batch_size, device) for spec in specs)
+    one = memory.model_bytes(model) + max(training_need(spec, model, train, train.batch_size, device) for spec in specs) \
+        + resident.SIDE_PROCESS   # each run side by side is a process of its own, which loads torch again
     have = memory.budget(device)
     if text == "auto":
         return max(1, min(wanted, have // one)) if have is not None else wanted
