@@ -194,7 +194,12 @@ def test_ctrl_c_at_any_moment_of_start_up_ends_in_one_line_and_130(tmp_path, mod
         if process.poll() is None:
             process.kill()
     lines = [line for line in rest.splitlines() if line.strip() and not line.startswith("import time:")]
-    assert process.returncode == 130, (process.returncode, rest[-3000:])
+    # 130, or death by SIGINT, which a shell reports as the same 130: in 3 of 36 tries with the
+    # interrupt landing as typer starts (just after rich's emoji table loads), relbench.cli.main said
+    # its one line and exited 130, and the interpreter then ended by SIGINT all the same (CPython's
+    # exit_sigint, for a KeyboardInterrupt it counts as unhandled); a plain import interrupted and
+    # caught does not do it (tried), and the path inside CPython was not traced
+    assert process.returncode in (130, -signal.SIGINT), (process.returncode, rest[-3000:])
     assert len(lines) == 1 and lines[0].startswith("interrupted:"), rest[-3000:]
 
 
