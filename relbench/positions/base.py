@@ -345,12 +345,6 @@ class Form:
         return issubclass(scheme, cls.applies_to)
 
     @classmethod
-    def layers_share(cls, options: dict[str, Any]) -> bool:
-        """Whether one instance built with `options` serves every layer; the class's declaration unless
-        an option decides it (bam's `shared`)."""
-        return cls.shared_across_layers
-
-    @classmethod
     def options(cls) -> dict[str, inspect.Parameter]:
         return {n: p for n, p in inspect.signature(cls.__init__).parameters.items() if n != "self"}
 
