@@ -82,10 +82,8 @@ def bench_command(
     """Train, extrapolate and report in one go: by default six schemes that span the shipped panel's
     tiers (fox:bias_init=5, alibi, kerple-log, t5, xl, rope), both tracks, on the embedded corpus.
 
-    It prints its expected time first and reports each track as soon as it is measured, the language
-    models first; each report opens with one table (perplexity ratio at 16x, use of distant context,
-    passkey and MQAR reach, steps to learn, attention cost). Three closing lines say what the run found
-    and how its retrieval seeds sit among the shipped panel's (kept in RUN/findings.md).
+    It prints its expected time, reports each track once measured (the language models first), and
+    closes with three lines on what it found beside the shipped panel (kept in RUN/findings.md).
 
     Example: relbench bench        (six schemes, both tracks; docs/performance.md times it)
              relbench bench --variants all     (every variant of the preset: about an hour on 2 cores)

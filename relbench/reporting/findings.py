@@ -75,13 +75,16 @@ def prediction_interval(values: list[float], trial_variance: float = 0.0) -> tup
     return max(0.0, s.mean - half), min(1.0, s.mean + half)
 
 
-def panel_checks(run_dir: Path, panel_dir: Path) -> tuple[list[Check], decisions.Decisions]:
+def panel_checks(run_dir: Path, panel_dir: Path,
+                 ours: dict[str, reach.Reach] | None = None) -> tuple[list[Check], decisions.Decisions]:
     """Each scheme of the retrieval run `run_dir` beside the panel's, on the panel's summary number
-    (its task, its lengths beyond training); and the panel's decisions, whose tiers the checks carry."""
+    (its task, its lengths beyond training); and the panel's decisions, whose tiers the checks carry.
+    `ours`: the run's reach on that task when the caller has it already."""
     panel_config = results.read_json(panel_dir / results.CONFIG)
     task = panels.task_of(panel_config)
     table = panels.TASK_TABLES[task]
-    theirs, ours = reach.run_reach(panel_dir, table), reach.run_reach(run_dir, table)
+    theirs = reach.run_reach(panel_dir, table)
+    ours = reach.run_reach(run_dir, table) if ours is None else ours
     decided = decisions.decide(theirs, task, int(panel_config["model"]["train_length"]))
     top = decided.summary
     out = []
@@ -127,13 +130,18 @@ def lm_line(lm_dir: Path) -> str | None:
             f"{far // 16}, lowest first: {', '.join(shown)}.")
 
 
-def retrieval_line(run_dir: Path) -> str | None:
-    """The retrieval track's reach in one line, schemes grouped by reach, the not learned named apart."""
+def run_task_reach(run_dir: Path) -> dict[str, reach.Reach]:
+    """The reach of every variant of a retrieval run on its own task; empty for another run."""
+    task = results.read_json(run_dir / results.CONFIG).get("train", {}).get("task")
+    return reach.run_reach(run_dir, panels.TASK_TABLES[task]) if task in panels.TASK_TABLES else {}
+
+
+def retrieval_line(run_dir: Path, found: dict[str, reach.Reach] | None = None) -> str | None:
+    """The retrieval track's reach in one line, schemes grouped by reach, the not learned named apart
+    (`found`: run_task_reach's, when the caller has it)."""
     config = results.read_json(run_dir / results.CONFIG)
     task = config.get("train", {}).get("task")
-    if task not in panels.TASK_TABLES:
-        return None
-    found = reach.run_reach(run_dir, panels.TASK_TABLES[task])
+    found = run_task_reach(run_dir) if found is None else found
     if not found:
         return None
     groups: dict[str, list[str]] = {}
@@ -164,8 +172,9 @@ def panel_line(checks: list[Check], label: str) -> str:
 def findings(lm_dir: Path | None, retrieval_dir: Path | None,
              panel: str = PANEL) -> tuple[list[str], tuple[list[str], list[list[str]]] | None]:
     """(the closing lines, the panel check's table or None): what a bench run found."""
+    found = run_task_reach(retrieval_dir) if retrieval_dir else {}
     lines = [line for line in (lm_line(lm_dir) if lm_dir else None,
-                               retrieval_line(retrieval_dir) if retrieval_dir else None) if line]
+                               retrieval_line(retrieval_dir, found) if retrieval_dir else None) if line]
     if retrieval_dir is None:
         return lines, None
     label, panel_dir = panels.locate(panel)
@@ -173,7 +182,7 @@ def findings(lm_dir: Path | None, retrieval_dir: Path | None,
     if why is not None:
         lines.append(f"Not set beside the shipped panel {label}: this run's protocol differs ({why}).")
         return lines, None
-    checks, _ = panel_checks(retrieval_dir, panel_dir)
+    checks, _ = panel_checks(retrieval_dir, panel_dir, found)
     lines.append(panel_line(checks, label))
     return lines, (HEADER, [c.row() for c in checks])
 
