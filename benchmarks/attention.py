@@ -22,7 +22,9 @@ such as "within 1.1x of unbiased attention".
 The full table covers xl, t5, alibi, shaw and rope by default (every backend of every scheme is
 hours on 2 cores); the paired table alone (--paired-only) covers every scheme that adds a bias,
 rotates q and k or replaces the softmax (stick-breaking). --variants names others, with their options:
-"alibi:ssmax=true" times Scalable-Softmax's per-row factor on top of the scheme.
+"alibi:ssmax=true" times Scalable-Softmax's per-row factor on top of the scheme, "rope:window=256" a
+sliding-window layer (its chunked band path, O(L x W)), and a layout "rope:window=256*3,none" its layers
+one after the other against as many unbiased layers (docs/variants.md, "Layouts").
 """
 
 from __future__ import annotations
@@ -112,34 +114,33 @@ def paired_ratios(specs: list[str], lengths: list[int], batch: int, heads: int, 
             q, k, v = (torch.randn((batch, heads, length, head_dim), generator=generator).to(device, dtype)
                        .requires_grad_(backward) for _ in range(3))
             for spec in specs:
-                position = positions.build_spec(spec, n_heads=heads, head_dim=head_dim, train_length=256).to(device)
-                position.reset_parameters(torch.Generator().manual_seed(0))
-                if position.max_length is not None and length > position.max_length:
+                layers = [(layer, layer.build(n_heads=heads, head_dim=head_dim, train_length=256).to(device))
+                          for layer in positions.parse(spec).pattern]   # a layout: each layer of its pattern
+                for _, position in layers:
+                    position.reset_parameters(torch.Generator().manual_seed(0))
+                if any(p.max_length is not None and length > p.max_length for _, p in layers):
                     continue
+                x = (torch.randn(batch, length, layers[0][1].d_model, generator=generator).to(device)
+                     if any(p.input_dependent for _, p in layers) else None)   # FoX's gates read the layer input
 
-                x = (torch.randn(batch, length, position.d_model, generator=generator).to(device)
-                     if position.input_dependent else None)              # FoX's gates read the layer input
+                def run(_: int, layers=layers, x=x, q=q, k=k, v=v, length=length) -> None:
+                    for layer, position in layers:
+                        with autocast():
+                            q_rot, k_rot, plan = position_terms(position, q, k, length, x)
+                            if layer.ssmax:   # Scalable-Softmax's per-row factor s_h log n, s_h = 1 as trained from
+                                q_rot, plan = scalable_softmax(q_rot, plan, torch.ones(heads, device=device), length,
+                                                               layer.ssmax_bias)
+                            sinks = torch.zeros(heads, device=device) if layer.sinks else None
+                            out = scheme_attention(position, q_rot, k_rot, v, plan, "auto", layer.window, sinks)
+                        if backward:
+                            out.float().sum().backward()
 
-                # "VARIANT:ssmax=true": the model's per-row factor s_h log n on top, s_h = 1 as trained from
-                options = positions.training_options(spec)
-                scales = torch.ones(heads, device=device) if options.get("ssmax") else None
-                scale_bias = options.get("ssmax_bias", True)
-
-                def run(_: int, position=position, x=x, q=q, k=k, v=v, length=length, scales=scales,
-                        scale_bias=scale_bias) -> None:
-                    with autocast():
-                        q_rot, k_rot, plan = position_terms(position, q, k, length, x)
-                        if scales is not None:
-                            q_rot, plan = scalable_softmax(q_rot, plan, scales, length, scale_bias)
-                        out = scheme_attention(position, q_rot, k_rot, v, plan, "auto")
-                    if backward:
-                        out.float().sum().backward()
-
-                def floor(_: int, q=q, k=k, v=v) -> None:
-                    with autocast():
-                        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-                    if backward:
-                        out.float().sum().backward()
+                def floor(_: int, q=q, k=k, v=v, layers=layers) -> None:
+                    for _ in layers:    # as many unbiased causal layers as the spec has
+                        with autocast():
+                            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                        if backward:
+                            out.float().sum().backward()
 
                 n = pairs if length < 16384 else max(1, pairs // 2)
                 with recording() as taken:

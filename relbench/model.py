@@ -24,7 +24,9 @@ from relbench.attention import scheme_attention
 from relbench.config import INIT_STD, ModelConfig
 from relbench.errors import UsageError
 from relbench.positions.base import PositionEncoding
+from relbench.positions.forms import logn_scale
 from relbench.positions.plan import BiasPlan, RowScaledPlan, log_keys
+from relbench.positions.spec import Layer
 
 __all__ = ["GPT", "ModelConfig"]
 
@@ -32,16 +34,19 @@ Observer = Callable[[Tensor, Tensor, "BiasPlan | None"], None]
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, layer: Layer):
         super().__init__()
         self.n_heads = config.n_heads
         self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=False)
         self.proj = nn.Linear(config.d_model, config.d_model, bias=False)
         # Scalable-Softmax (Nakanishi 2025), "VARIANT:ssmax=true": the logits of query i, content and bias,
         # times s_h log n_i (n_i = i + 1 keys), s_h learned per layer and head from 1 (BAM's bam_ssmax)
-        options = positions.training_options(config.position)
-        self.ssmax = nn.Parameter(torch.ones(config.n_heads)) if options.get("ssmax", False) else None
-        self.ssmax_bias = options.get("ssmax_bias", True)     # false: the content logits only
+        self.ssmax = nn.Parameter(torch.ones(config.n_heads)) if layer.ssmax else None
+        self.ssmax_bias = layer.ssmax_bias     # false: the content logits only
+        # the layer options of positions/spec.py: a sliding window, a sink logit per head, a query temperature
+        self.window = layer.window
+        self.sinks = nn.Parameter(torch.zeros(config.n_heads)) if layer.sinks else None
+        self.layer = layer
 
     def forward(self, x: Tensor, position: PositionEncoding, plan: BiasPlan | None, backend: str,
                 observe: Observer | None = None, positions: Tensor | None = None) -> Tensor:
@@ -50,10 +55,24 @@ class SelfAttention(nn.Module):
         q, k, plan = position.prepare(q, k, plan, x, positions)               # x: FoX's gates read the input
         if self.ssmax is not None:
             q, plan = scalable_softmax(q, plan, self.ssmax, k.shape[-2], self.ssmax_bias)
+        if self.layer.temperature != "none":
+            q = q * query_temperature(self.layer, position.train_length, k.shape[-2] - L, k.shape[-2],
+                                      q.device).to(q.dtype)[:, None]
         if observe is not None:
             observe(q, k, plan)
-        y = scheme_attention(position, q, k, v, plan, backend)                # (B, H, L, Dh)
+        y = scheme_attention(position, q, k, v, plan, backend, self.window, self.sinks)   # (B, H, L, Dh)
         return self.proj(y.transpose(1, 2).reshape(B, L, D))                  # (B, L, D)
+
+
+def query_temperature(layer: Layer, train_length: int, q_start: int, q_end: int, device=None) -> Tensor:
+    """(q,) the factor a layer's `temperature` option multiplies the queries at positions [q_start, q_end)
+    by (positions/spec.py): Llama 4's log(floor((p + 1) / floor) + 1) * scale + 1 (floor 0: the training
+    length), or the `@logn` form's log-length factor at each query, log(p + 1) / log(L_train) beyond training."""
+    p = torch.arange(q_start, q_end, device=device, dtype=torch.float32)
+    if layer.temperature == "logn":
+        return torch.tensor([logn_scale(int(n), train_length) for n in (p + 1).tolist()], device=device)
+    floor = layer.temperature_floor or train_length
+    return torch.log(torch.floor((p + 1) / floor) + 1) * layer.temperature_scale + 1
 
 
 def scalable_softmax(q: Tensor, plan: BiasPlan | None, scales: Tensor, k_len: int,
@@ -77,11 +96,32 @@ class MLP(nn.Module):
         return self.proj(nn.functional.gelu(self.fc(x)))
 
 
+def layer_encodings(config: ModelConfig, layout: tuple[Layer, ...]) -> tuple[list[PositionEncoding], list[int]]:
+    """The position modules of a model with this layout, and the module each layer uses: one instance
+    for all the layers with the same scheme and options where the scheme shares across layers (T5,
+    ALiBi, absolute), one per layer otherwise. A one-scheme spec gives one module, or one per layer, as
+    relbench has always built them (checkpoints keep their parameter names)."""
+    instances: list[PositionEncoding] = []
+    index: list[int] = []
+    shared: dict[str, int] = {}
+    for layer in layout:
+        options = {**layer.options, **config.position_options}
+        share = layer.cls.layers_share(options)
+        if share and layer.key in shared:
+            index.append(shared[layer.key])
+            continue
+        if share:
+            shared[layer.key] = len(instances)
+        index.append(len(instances))
+        instances.append(positions.build(layer.scheme, **config.position_shape, **options))
+    return instances, index
+
+
 class Block(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, layer: Layer):
         super().__init__()
         self.ln_attn = nn.LayerNorm(config.d_model)
-        self.attn = SelfAttention(config)
+        self.attn = SelfAttention(config, layer)
         self.ln_mlp = nn.LayerNorm(config.d_model)
         self.mlp = MLP(config)
 
@@ -95,19 +135,18 @@ class GPT(nn.Module):
     def __init__(self, config: ModelConfig, seed: int = 0):
         super().__init__()
         self.config = config
-        name, options = positions.parse_spec(config.position)
-        options.update(config.position_options)
-        cls = positions.get(name)
-        shape = config.position_shape
-        copies = 1 if cls.layers_share(options) else config.n_layers
-        self.positions = nn.ModuleList(positions.build(name, **shape, **options) for _ in range(copies))
+        spec = positions.parse(config.position)
+        self.layout = spec.layers(config.n_layers)
+        instances, self.layer_position = layer_encodings(config, self.layout)
+        self.positions = nn.ModuleList(instances)
         self.tok = nn.Embedding(config.vocab_size, config.d_model)
-        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.blocks = nn.ModuleList(Block(config, layer) for layer in self.layout)
         self.ln_out = nn.LayerNorm(config.d_model)
-        check_backend(config.attention, cls)
+        for cls in spec.schemes:
+            check_backend(config.attention, cls)
         # randomized positions (VARIANT:random_positions=N): training draws each sequence's positions
         # from [0, N) (training/batches.py: random_positions) and passes them to forward
-        self.random_positions = int(positions.training_options(config.position).get("random_positions", 0))
+        self.random_positions = spec.random_positions
         if self.random_positions and self.random_positions <= config.train_length:
             raise UsageError(f'random_positions={self.random_positions} in variant "{config.position}" draws the '
                              f"positions of a training sequence from [0, N): N must exceed the training length "
@@ -115,13 +154,14 @@ class GPT(nn.Module):
         self.reset_parameters(seed)
 
     def position(self, layer: int) -> PositionEncoding:
-        """The encoding layer `layer` uses (the same object for every layer when shared)."""
-        return self.positions[0] if len(self.positions) == 1 else self.positions[layer]
+        """The encoding layer `layer` uses (one object for the layers that share it)."""
+        return self.positions[self.layer_position[layer]]
 
     @property
     def max_length(self) -> int | None:
-        first = self.positions[0]
-        return first.max_length if first.form is None else first.form.max_length(first)
+        limits = [enc.max_length if enc.form is None else enc.form.max_length(enc) for enc in self.positions]
+        known = [limit for limit in limits if limit is not None]
+        return min(known) if known else None
 
     def forward(self, tokens: Tensor, observe: Callable[[int, Tensor, Tensor, BiasPlan | None], None] | None = None,
                 backend: str | None = None, positions: Tensor | None = None) -> Tensor:
@@ -133,22 +173,26 @@ class GPT(nn.Module):
         where the encodings' evaluation form places them (`drawn`)."""
         _B, L = tokens.shape
         x = self.tok(tokens)                                       # (B, L, D)
-        first = self.positions[0]
-        first.check_length(L)
-        if positions is None and first.form is not None:
-            positions = first.form.placement(first, tokens)        # an evaluation form's positions (drawn)
-        given = first.placed(positions)
-        absolute = first.embed(L, **given)
-        if absolute is not None:
-            x = x + absolute.to(x.dtype)                           # (L, D) or (B, L, D) broadcast over B
-        # a bias shared by all layers that does not depend on the batch is planned once per forward pass
-        batch_dependent = first.content_dependent or first.key_dependent or first.input_dependent
-        shared = len(self.positions) == 1 and first.adds_bias and not batch_dependent
-        plan = first.plan(L, L, **given) if shared else None
+        for enc in self.positions:
+            enc.check_length(L)
+        placing = next((enc for enc in self.positions if enc.form is not None and enc.form.places), None)
+        if positions is None and placing is not None:
+            positions = placing.form.placement(placing, tokens)    # an evaluation form's positions (drawn)
+        for enc in self.positions:                                 # an absolute scheme acts at the input
+            absolute = enc.embed(L, **enc.placed(positions))
+            if absolute is not None:
+                x = x + absolute.to(x.dtype)                       # (L, D) or (B, L, D) broadcast over B
+        # a bias that layers share and that does not depend on the batch is planned once per forward pass
+        uses = [self.layer_position.count(i) for i in range(len(self.positions))]
+        plans: dict[int, BiasPlan | None] = {}
         backend = self.config.attention if backend is None else backend
         for i, block in enumerate(self.blocks):
+            index, enc = self.layer_position[i], self.position(i)
+            batch_dependent = enc.content_dependent or enc.key_dependent or enc.input_dependent
+            if index not in plans and uses[index] > 1 and enc.adds_bias and not batch_dependent:
+                plans[index] = enc.plan(L, L, **enc.placed(positions))
             hook = None if observe is None else (lambda q, k, p, layer=i: observe(layer, q, k, p))
-            x = block(x, self.position(i), plan, backend, hook, positions)
+            x = block(x, enc, plans.get(index), backend, hook, positions)
         x = self.ln_out(x)
         return torch.matmul(x, self.tok.weight.t())               # (B, L, V), tied embedding
 
@@ -178,8 +222,11 @@ class GPT(nn.Module):
             elif isinstance(module, nn.LayerNorm):
                 module.weight.fill_(1.0)
                 module.bias.zero_()
-            elif isinstance(module, SelfAttention) and module.ssmax is not None:
-                module.ssmax.fill_(1.0)
+            elif isinstance(module, SelfAttention):
+                if module.ssmax is not None:
+                    module.ssmax.fill_(1.0)
+                if module.sinks is not None:      # gpt-oss: normal(0, initializer_range)
+                    module.sinks.copy_(torch.randn(module.sinks.shape, generator=generator) * INIT_STD)
 
     def project_parameters(self) -> None:
         """After an optimiser step: each position module restores its parameters' constraints."""

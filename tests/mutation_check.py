@@ -18,6 +18,7 @@ notice ("survived") is a gap in the tests.
     python tests/mutation_check.py -k merge     # folding runs made side by side (relbench merge)
     python tests/mutation_check.py -k BAM       # the Bayesian attention prior (bam)
     python tests/mutation_check.py -k ssmax     # Scalable-Softmax, the training option of every scheme
+    python tests/mutation_check.py -k layout    # layouts, windows, sinks, query temperature (positions/spec.py)
     python tests/mutation_check.py -k stick     # stick-breaking attention
     python tests/mutation_check.py -k random    # randomized positions (VARIANT:random_positions=N)
     python tests/mutation_check.py -k HoPE      # HoPE (RoPE with its slow pairs unrotated)
@@ -68,6 +69,7 @@ MEMORY_RUNS = ["tests/test_memory.py::test_training_bytes_is_the_peak_resident_s
 INTEGRITY = ["tests/test_integrity.py"]
 BAM = ["tests/test_bam.py", "tests/test_capabilities.py"]
 SSMAX = ["tests/test_ssmax.py"]
+LAYOUTS = ["tests/test_layouts.py"]
 STICK = ["tests/test_stickbreaking.py", "tests/test_capabilities.py"]
 RANDOM = ["tests/test_random_positions.py"]
 DRAWN = ["tests/test_drawn_form.py"]
@@ -96,6 +98,43 @@ MUTATIONS = [
      "(RowScaledPlan(plan, scales) if plan is not None else plan)", SSMAX),
     ("ssmax's score_mod adds the unscaled bias", "relbench/positions/plan.py",
      "return score + factor * (inner(score, b, h, q_idx, kv_idx) - score)", "return inner(score, b, h, q_idx, kv_idx)", SSMAX),
+    ("layout: a window hides one key too few", "relbench/attention/__init__.py",
+     "(distance < 0) | (distance >= window)", "(distance < 0) | (distance > window)", LAYOUTS),
+    ("layout: the band starts one key late", "relbench/attention/__init__.py",
+     "first = max(0, offset + start - window + 1)", "first = max(0, offset + start - window + 2)", LAYOUTS),
+    ("layout: the reference path forgets the sink", "relbench/attention/__init__.py",
+     "weights = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]",
+     "weights = torch.softmax(scores, dim=-1)", LAYOUTS),
+    ("layout: the sink's key is not zero", "relbench/attention/__init__.py",
+     "t.new_zeros(*t.shape[:-2], 1, t.shape[-1])", "t.new_ones(*t.shape[:-2], 1, t.shape[-1])", LAYOUTS),
+    ("layout: Llama 4's temperature without its floor", "relbench/model.py",
+     "torch.log(torch.floor((p + 1) / floor) + 1)", "torch.log((p + 1) / floor + 1)", LAYOUTS),
+    ("layout: every layer's queries take the temperature", "relbench/model.py",
+     'if self.layer.temperature != "none":', "if True:", LAYOUTS),
+    ("layout: a per-layer scheme shared by its layers", "relbench/model.py",
+     "share = layer.cls.layers_share(options)", "share = True", LAYOUTS),
+    ("layout: a registered name after a comma read as an option", "relbench/positions/spec.py",
+     'opens = ":" in head or ("=" not in head and head in names())', 'opens = ":" in head', LAYOUTS),
+    ("layout: a depth the pattern does not divide is cut short", "relbench/positions/spec.py",
+     "if n_layers % len(self.pattern):", "if False:", LAYOUTS),
+    ("layout: a form set on the layers it does not apply to", "relbench/positions/forms.py",
+     "if form is not None and not form.applies(type(enc)):\n            continue", "pass", LAYOUTS),
+    ("layout: the parameter count reads the first layer's block for all", "relbench/cost/memory.py",
+     "blocks = sum(p.numel() for layer in layout for p in Block(model, layer).parameters())",
+     "blocks = len(layout) * sum(p.numel() for p in Block(model, layout[0]).parameters())", LAYOUTS),
+    ("layout: the memory estimate sums its kinds unweighted", "relbench/cost/memory.py",
+     "return weights, sum(s * line[1] for s, line in lines), sum(s * line[2] for s, line in lines)",
+     "return weights, sum(line[1] for s, line in lines), sum(line[2] for s, line in lines)", LAYOUTS),
+    ("layout: a cost row sums its layers instead of their mean", "relbench/cost/profiling.py",
+     "row[key] = None if None in values else sum(values) / len(values)", "row[key] = None if None in values else sum(values)",
+     LAYOUTS),
+    ("layout: partial_rope rotates every channel", "relbench/positions/rope.py",
+     "self.rotary_dim = int(head_dim * fraction) // 2 * 2", "self.rotary_dim = head_dim", ["tests/test_partial_rope.py"]),
+    ("layout: partial_rope reads the whole head's frequency ladder", "relbench/positions/rope.py",
+     "inv_freq = rope_frequencies(self.rotary_dim, self.base, device)",
+     "inv_freq = rope_frequencies(self.head_dim, self.base, device)[: self.rotary_dim // 2]", ["tests/test_partial_rope.py"]),
+    ("layout: p-RoPE counts the head's channels, not the rotated ones", "relbench/positions/rope_forms.py",
+     "kept = int(self.p * enc.rotary_dim // 2)", "kept = int(self.p * enc.head_dim // 2)", ["tests/test_partial_rope.py"]),
     ("HoPE keeps the slow pairs rotary and drops the fast", "relbench/positions/rope.py",
      "return torch.where(self.kept(device), inv_freq, torch.zeros_like(inv_freq))",
      "return torch.where(self.kept(device), torch.zeros_like(inv_freq), inv_freq)", HOPE),
@@ -108,7 +147,7 @@ MUTATIONS = [
     ("randomized positions drawn from one position too few", "relbench/positions/base.py",
      "torch.randperm(limit, generator=generator)", "torch.randperm(limit - 1, generator=generator)", RANDOM),
     ("the drawn form's positions never reach the model", "relbench/model.py",
-     "positions = first.form.placement(first, tokens)", "positions = None", DRAWN),
+     "positions = placing.form.placement(placing, tokens)", "positions = None", DRAWN),
     ("the drawn form places every sequence of a batch at the same positions", "relbench/positions/forms.py",
      "self.seed * 1_000_003 + zlib.crc32(row.numpy().tobytes())", "self.seed * 1_000_003", DRAWN),
     ("a model read at drawn positions is skipped by its ordinary-position criterion", "relbench/evaluation/evaluators.py",
@@ -155,7 +194,8 @@ MUTATIONS = [
      "q_rot = apply_rotary(q, cos[..., k_len - q_len:, :], sin[..., k_len - q_len:, :])",
      "q_rot = apply_rotary(q, cos[..., k_len - q_len:, :].roll(1, -2), sin[..., k_len - q_len:, :].roll(1, -2))"),
     ("causal mask dropped on the reference path", "relbench/attention/__init__.py",
-     'scores = scores.masked_fill(causal_mask(q_len, k_len, q.device), float("-inf"))', "scores = scores"),
+     'scores = scores.masked_fill(hidden_keys(k_len - q_len, k_len, 0, k_len, window, q.device), float("-inf"))',
+     "scores = scores"),
     ("causal mask dropped on the chunked path", "relbench/positions/plan.py",
      'return bias.masked_fill(distance_grid(q_start, q_end, 0, k_end, bias.device) < 0, float("-inf"))',
      "return bias"),

@@ -252,7 +252,7 @@ def test_every_form_runs_on_every_scheme_it_declares_and_refuses_the_others(form
     ("rope@yarn:factor=x", "not a valid float"),
     ("rope@pi:factor=0.5", "must be at least 1"),
     ("rope@pi@logn", "more than one evaluation form"),
-    ("alibi@yarn", 'does not apply to "alibi"; it applies to: hope, rope, xpos'),
+    ("alibi@yarn", 'does not apply to "alibi"; it applies to: hope, partial_rope, rope, xpos'),
     ("alibi@logn:x=1", 'unknown option of form "logn" "x"'),
     ("ropes@pi", 'unknown position variant "ropes"'),
 ])

@@ -55,3 +55,12 @@ def test_the_gpu_preset_is_quick_made_wider_and_longer():
     assert gpu.train.precision == "auto" and "copy" in gpu.eval.tasks
     tokens = gpu.train.steps * gpu.train.batch_size * gpu.model.train_length
     assert tokens == pytest.approx(9.8e6, rel=0.01)                         # the preset's comment
+
+
+def test_paired_timing_of_a_window_and_a_layout():
+    """A windowed layer runs its chunked band; a layout times each of its layers against as many unbiased ones."""
+    bench = load("attention")
+    rows = bench.paired_ratios(["rope:window=16", "rope:window=16,sinks=true*1,none"], [96], 1, 2, 8, "cpu", 1,
+                               Console(quiet=True))
+    assert list(rows["variant"]) == ["rope:window=16", "rope:window=16,sinks=true*1,none"]
+    assert list(rows["path"]) == ["chunked", "chunked+sdpa"] and (rows["ratio"] > 0).all()

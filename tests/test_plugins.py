@@ -270,7 +270,7 @@ def test_an_installed_package_registers_through_its_entry_point(tmp_path, monkey
 def test_an_evaluation_form_plugs_in_the_same_way(tmp_path):
     path = write(tmp_path / "half.py", '''
         from relbench.positions.forms import register_form
-        from relbench.positions.base import Form
+        from relbench.positions.forms import Form
 
         @register_form("half-temperature")
         class Half(Form):

@@ -28,6 +28,10 @@ live in relbench/attention/fused.py; this module holds the interface, the choice
 - `flex`: FlexAttention with the scheme's score_mod and a causal block mask, compiled. Inference
   on CPU (torch has no FlexAttention backward on CPU); training and inference on CUDA.
 
+A layer with a sliding window or attention sinks (positions/spec.py: `window=W`, `sinks=true`) runs on
+the reference path when asked, else on the chunked one, whose blocks then start at the window's first
+key (O(L x W)) and carry the sink logits as one more key of value zero.
+
 A *backend* is what the user asks for (`auto`, `split`, ...); the *path* is the algorithm that
 runs. `resolve` maps one to the other, visibly: `split` on a sequence too short for any far key
 is the chunked path, and says so. What each backend takes of a bias is one rule (`takes`): `check`
@@ -67,13 +71,25 @@ CHUNK_MASK_BYTES = 16 << 20  # within this (a tile that stays in cache; docs/per
 
 
 # ---- reference and sdpa ---------------------------------------------------------------------------
-def reference_attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None) -> Tensor:
+def reference_attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None, window: int = 0,
+                        sinks: Tensor | None = None) -> Tensor:
     q_len, k_len = q.shape[-2], k.shape[-2]
     scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, H, Lq, Lk)
     if plan is not None:
         scores = scores + plan.full().to(scores.dtype)                      # (H or B,H, Lq, Lk)
-    scores = scores.masked_fill(causal_mask(q_len, k_len, q.device), float("-inf"))
-    return torch.matmul(torch.softmax(scores, dim=-1), v)                    # (B, H, Lq, D)
+    scores = scores.masked_fill(hidden_keys(k_len - q_len, k_len, 0, k_len, window, q.device), float("-inf"))
+    if sinks is None:
+        return torch.matmul(torch.softmax(scores, dim=-1), v)                # (B, H, Lq, D)
+    sink = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+    weights = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]   # the sink returns nothing
+    return torch.matmul(weights, v)
+
+
+def hidden_keys(q_start: int, q_end: int, k_start: int, k_end: int, window: int, device=None) -> Tensor:
+    """(q, k) True where a query at [q_start, q_end) does not see a key at [k_start, k_end): keys after
+    it, and with a window W > 0 keys W or more positions before it."""
+    distance = distance_grid(q_start, q_end, k_start, k_end, device)
+    return (distance < 0) | (distance >= window) if window else distance < 0
 
 
 def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None) -> Tensor:
@@ -96,15 +112,26 @@ def chunk_block(k_len: int, heads: int, device_type: str = "cpu") -> int:
     return min(CHUNK_ROWS[1], max(CHUNK_ROWS[0], CHUNK_MASK_BYTES // (4 * heads * max(1, k_len))))
 
 
-def chunked_attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None, block: int | None = None) -> Tensor:
+def chunked_attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None, block: int | None = None,
+                      window: int = 0, sinks: Tensor | None = None) -> Tensor:
+    """Query blocks, each over the keys it can see: up to its last query, and with a `window` W from
+    W - 1 before its first query (the band: O(L x (W + block)) work and memory, not O(L^2)); `sinks` (H,)
+    a sink logit per head, an extra key of value zero."""
     q_len, k_len = q.shape[-2], k.shape[-2]
-    block = chunk_block(k_len, q.shape[1], q.device.type) if block is None else block
+    seen = min(k_len, window + CHUNK_ROWS[1]) if window else k_len
+    block = chunk_block(seen, q.shape[1], q.device.type) if block is None else block
     offset = k_len - q_len
     outputs = []
     for start in range(0, q_len, block):
         end = min(q_len, start + block)
         keys = offset + end                                    # keys after the block's last query are skipped
         q_blk = q[..., start:end, :]                           # (B, H, bq, D)
+        if window or sinks is not None:
+            first = max(0, offset + start - window + 1) if window else 0   # keys before the band are skipped
+            mask = limited_mask(plan, offset + start, offset + end, first, keys, window, sinks, q)
+            k_blk, v_blk = with_sink(k[..., first:keys, :], sinks), with_sink(v[..., first:keys, :], sinks)
+            outputs.append(F.scaled_dot_product_attention(q_blk, k_blk, v_blk, attn_mask=mask))
+            continue
         if plan is None:
             masked = distance_grid(offset + start, offset + end, 0, keys, q.device) < 0   # (bq, keys)
             mask = torch.zeros(end - start, keys, dtype=q.dtype, device=q.device).masked_fill(masked, float("-inf"))
@@ -113,6 +140,27 @@ def chunked_attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None, bl
             mask = four_d(plan.causal_block(offset + start, offset + end, keys).to(q.dtype))
         outputs.append(F.scaled_dot_product_attention(q_blk, k[..., :keys, :], v[..., :keys, :], attn_mask=mask))
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-2)   # (B, H, Lq, D)
+
+
+def limited_mask(plan: BiasPlan | None, q_start: int, q_end: int, k_start: int, k_end: int, window: int,
+                 sinks: Tensor | None, q: Tensor) -> Tensor:
+    """The float mask of a windowed or sink layer's query block over keys [k_start, k_end): the bias
+    (zero without a plan), -inf on the keys the window and causality hide, and the sink logits as one
+    more column: (1 or B, H, bq, keys [+ 1])."""
+    hidden = hidden_keys(q_start, q_end, k_start, k_end, window, q.device)
+    bias = q.new_zeros(hidden.shape) if plan is None else plan.block(q_start, q_end, k_start, k_end).to(q.dtype)
+    mask = bias.masked_fill(hidden, float("-inf"))
+    mask = mask.view(1, 1, *mask.shape) if mask.dim() == 2 else four_d(mask)
+    if sinks is None:
+        return mask
+    shape = (mask.shape[0], q.shape[1], q_end - q_start)
+    sink = sinks.to(q.dtype).view(1, -1, 1, 1).expand(*shape, 1)
+    return torch.cat([mask.expand(*shape, k_end - k_start), sink], dim=-1)
+
+
+def with_sink(t: Tensor, sinks: Tensor | None) -> Tensor:
+    """Keys or values with the sink's key appended (zero: its logit is the sink alone, its value nothing)."""
+    return t if sinks is None else torch.cat([t, t.new_zeros(*t.shape[:-2], 1, t.shape[-1])], dim=-2)
 
 
 # ---- flex -------------------------------------------------------------------------------------------
@@ -220,15 +268,18 @@ def choose(plan: BiasPlan | None, q: Tensor, k_len: int, grad: bool) -> str:
     return "split"
 
 
-def resolve(backend: str, plan: BiasPlan | None, q: Tensor, k_len: int, grad: bool) -> str:
+def resolve(backend: str, plan: BiasPlan | None, q: Tensor, k_len: int, grad: bool, limited: bool = False) -> str:
     """The path (PATH_NAMES) that `backend` runs for this plan and these queries. `auto` picks the
     backend (`choose`); `split` is the horizon split where it has far keys, the linear split for
     a separable bias (ALiBi, FoX), and otherwise what the split would compute anyway: sdpa without a bias, chunked for a
-    short, non-square or non-CPU call, or a bias the backend does not take (`takes`)."""
+    short, non-square or non-CPU call, or a bias the backend does not take (`takes`). A `limited` layer
+    (a window or sinks: positions/spec.py) runs on the reference path when that is the backend, else chunked."""
     if backend == "auto":
         backend = choose(plan, q, k_len, grad)
     elif backend not in BACKENDS:
         raise unknown("attention backend", backend, list(BACKENDS))
+    if limited:
+        return "reference" if backend == "reference" else "chunked"
     if backend not in CPU_INFERENCE:
         return backend
     if plan is None:
@@ -308,7 +359,7 @@ def path_label(taken: Counter) -> str:
 
 
 def scheme_attention(position: PositionEncoding, q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None = None,
-                     backend: str = "auto") -> Tensor:
+                     backend: str = "auto", window: int = 0, sinks: Tensor | None = None) -> Tensor:
     """The attention `position`'s scheme computes: its own, for a scheme that replaces the softmax
     (stick-breaking; counted by `recording()` under the scheme's name, `backend` does not apply), or
     softmax attention with the plan's bias on `backend`."""
@@ -316,15 +367,21 @@ def scheme_attention(position: PositionEncoding, q: Tensor, k: Tensor, v: Tensor
         for taken in _RECORDERS:
             taken[position.name] += 1
         return position.attend(q, k, v)
-    return attention(q, k, v, plan, backend)
+    return attention(q, k, v, plan, backend, window, sinks)
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None = None, backend: str = "auto") -> Tensor:
-    """Causal attention of q (B, H, Lq, D) over k, v (B, H, Lk, D) with `plan`'s bias (None: no bias).
+def attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None = None, backend: str = "auto",
+              window: int = 0, sinks: Tensor | None = None) -> Tensor:
+    """Causal attention of q (B, H, Lq, D) over k, v (B, H, Lk, D) with `plan`'s bias (None: no bias);
+    with `window` W > 0 each query sees its W latest keys, and `sinks` (H,) adds a sink logit per head.
 
     q, k and the plan come from `PositionEncoding.prepare`; `backend` is resolved to the path that
     runs (`resolve`), and the path is counted by any active `recording()`."""
-    path = resolve(backend, plan, q, k.shape[-2], needs_grad(q, k, v, plan))
+    limited = bool(window) or sinks is not None
+    grad = needs_grad(q, k, v, plan) or (sinks is not None and sinks.requires_grad and torch.is_grad_enabled())
+    path = resolve(backend, plan, q, k.shape[-2], grad, limited)
     for taken in _RECORDERS:
         taken[path] += 1
+    if limited:
+        return PATHS[path](q, k, v, plan, window=window, sinks=sinks)
     return PATHS[path](q, k, v, plan)

@@ -130,9 +130,12 @@ MaxTrainTokens = Annotated[int | None, typer.Option(help="Train on the first N t
 
 
 def check_variant_backend(backend: str, spec: str, model: ModelConfig, device: torch.device, training: bool) -> None:
-    positions.build_spec(spec, **model.position_shape)   # the spec's options are valid for this shape
+    parsed = positions.parse(spec)
+    parsed.layers(model.n_layers)                      # a layout repeats to the model's depth
     try:
-        check(backend, positions.scheme(spec), device, training)
+        for layer in parsed.pattern:
+            layer.build(**model.position_shape)        # the spec's options are valid for this shape
+            check(backend, layer.cls, device, training)
     except UsageError as error:
         raise UsageError(f"{spec}: {error}") from None
 
@@ -155,7 +158,7 @@ def resolve_device(name: str) -> torch.device:
 def all_variants(variants: list[str] | None) -> list[str]:
     specs = variants or positions.names()
     for spec in specs:
-        positions.parse_spec(spec)  # unknown names and options fail here, before any work
+        positions.parse(spec)  # unknown names and options fail here, before any work
     if len(set(specs)) != len(specs):
         raise UsageError(f"variant {next(s for s in specs if specs.count(s) > 1)} is given twice")
     return specs

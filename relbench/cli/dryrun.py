@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from relbench.config import Experiment
+from relbench.config import Experiment, ModelConfig, TrainConfig
 from relbench.cost import memory, resident
 from relbench.errors import RelbenchError, UsageError
 from relbench.model import GPT
@@ -164,6 +164,13 @@ def measure(spec: str, exp: Experiment, device: torch.device, steps: int = DRY_S
     model_config = dataclasses.replace(exp.model, position=spec, attention=exp.train.attention)
     config = dataclasses.replace(exp.train, position_lr_scale=position_lr(spec, exp.train)[0])
     layers, length = model_config.n_layers, model_config.train_length
+    kinds = memory.layer_kinds(model_config)
+    if len(kinds) > 1:    # a layout: each kind of layer timed as its own model, weighted by its share of the layers
+        timed = [(share, measure(kind.position, dataclasses.replace(exp, model=dataclasses.replace(exp.model,
+                  position=kind.position)), device, steps, vocabulary)) for kind, share in kinds]
+        return {**timed[0][1], **budget_row(spec, model_config, config, device),
+                "micro_batch": min(row["micro_batch"] for _, row in timed),
+                "seconds_per_step": sum(share * row["seconds_per_step"] for share, row in timed)}
     timer = StepTimer(model_config, config, device, min(2, layers), min(model_config.vocab_size, memory.PROBE_VOCAB))
     micro = timer.warm(model_config, length)
     timed = timer.cost(micro, length, steps, (1, 2) if layers > 1 else (1,))
@@ -171,14 +178,19 @@ def measure(spec: str, exp: Experiment, device: torch.device, steps: int = DRY_S
     del timer
     vocabulary = vocabulary_seconds(exp, device, steps) if vocabulary is None else vocabulary
     fixed, per_token = (a + (layers - 1) * max(0.0, b - a) + v for a, b, v in zip(one, two, vocabulary))
+    return {**budget_row(spec, model_config, config, device), "micro_batch": micro,
+            "seconds_per_step": fixed + per_token * length * config.batch_size}
+
+
+def budget_row(spec: str, model_config: ModelConfig, config: TrainConfig, device: torch.device) -> dict[str, Any]:
+    """A variant's parameters, memory estimate and the largest batch that fits, from its configuration."""
     have = memory.budget(device)
     need = resident.training_bytes(model_config, config.batch_size, config.precision, device)
     fits = None if have is None or need <= have else resident.largest_batch(model_config, config.precision, have,
                                                                             config.batch_size, device)
     return {"variant": spec, "params": memory.parameter_count(model_config),
             "position_params": memory.parameter_count(model_config, positions_only=True), "memory_bytes": need,
-            "fits_batch": fits, "micro_batch": micro,
-            "seconds_per_step": fixed + per_token * length * config.batch_size}
+            "fits_batch": fits}
 
 
 def plan_vocabulary(exp: Experiment, console) -> None:

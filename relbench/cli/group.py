@@ -45,7 +45,10 @@ def spread_variadic(args: list[str]) -> list[str]:
 def variant_values(arg: str) -> list[str]:
     """The variant specs of one --variants value: "xl,alibi" is two, but a comma followed by a
     key=value (no ":" before its "=") continues the spec before it, so "t5:num_buckets=8,max_distance=12"
-    and "alibi:ssmax=true,ssmax_bias=false" stay one spec each."""
+    and "alibi:ssmax=true,ssmax_bias=false" stay one spec each; a value with a "*COUNT" is a layout,
+    one spec whose commas separate its layers ("rope*3,none": positions/spec.py)."""
+    if "*" in arg:
+        return [arg]
     specs: list[str] = []
     for piece in filter(None, arg.split(",")):
         option = "=" in piece and ":" not in piece.split("=", 1)[0]

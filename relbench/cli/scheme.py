@@ -24,7 +24,7 @@ def _target(target: str) -> tuple[str, list[str]]:
     variant), "mybias.py:MyBias" (a class, or a registered name, of the file), or a registered name."""
     path, _, which = target.partition(":") if target.partition(":")[0].endswith(".py") else (target, "", "")
     if not path.endswith(".py"):
-        positions.parse_spec(target)        # a registered variant (a built-in or an installed plugin's)
+        positions.parse(target)             # a registered variant (a built-in or an installed plugin's)
         return target, []
     plugin = plugins.load_file(path)
     names = list(plugin.variants)
@@ -69,8 +69,8 @@ def check_command(
     started = time.perf_counter()
     findings = contract.run(spec, only)
     seconds = time.perf_counter() - started
-    cls = positions.scheme(spec)
-    table = Table(title=f"Contract of {spec} ({cls.__module__}.{cls.__name__})", title_justify="left")
+    classes = ", ".join(f"{cls.__module__}.{cls.__name__}" for cls in positions.parse(spec).schemes)
+    table = Table(title=f"Contract of {spec} ({classes})", title_justify="left")
     fixes = any(f.fix for f in findings)    # the fix column only where something failed
     for column in ("property", "result", "evidence", "fix")[: 4 if fixes else 3]:
         table.add_column(column, overflow="fold")

@@ -64,7 +64,9 @@ def variants_command(
                      "ssmax_bias=false scales q.k only); the schemes that place tokens at chosen positions ("
                      + ", ".join(n for n in positions.names() if positions.get(n).takes_positions)
                      + ") also random_positions=N (randomized positions, Ruoss et al. 2023: each training sequence at a "
-                     "sorted random subset of [0, N), N > the training length; evaluation at 0 .. L - 1)")
+                     "sorted random subset of [0, N), N > the training length; evaluation at 0 .. L - 1); every layer "
+                     "also window=W, sinks=true and temperature=llama4|logn, and a layout gives a scheme per layer, "
+                     "\"rope:window=64*3,none\" (docs/api.md, \"Layouts\")")
     table.caption_justify = "left"
     console.print(table)
 
@@ -172,7 +174,7 @@ def inspect_command(
     seed = config.get("seeds", [0])[0] if seed is None else seed
     specs = variants or config.get("variants", [])
     for spec in specs:
-        positions.parse_spec(spec)
+        positions.parse(spec)
         meta = checkpoints.read_meta(rundir.checkpoint_dir(run, spec, seed))
         if not meta or not meta.get("finished"):
             raise RelbenchError(f"variant {spec} seed {seed} has no finished checkpoint in {run}; "

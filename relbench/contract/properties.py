@@ -6,6 +6,7 @@ order; `relbench check` prints the table.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable
@@ -302,8 +303,12 @@ PROPERTIES: tuple[tuple[str, Callable[[str], Finding]], ...] = (
 
 def run(spec: str, only: list[str] | None = None) -> list[Finding]:
     """Every property of the contract on variant `spec` (or those named in `only`), in order. A
-    property that raises is a failure whose evidence is the exception."""
-    positions.parse_spec(spec)   # an unknown name or option: one line, before any work
+    property that raises is a failure whose evidence is the exception. A layout's contract is each of
+    its distinct layers' (the property named after the layer)."""
+    parsed = positions.parse(spec)   # an unknown name or option: one line, before any work
+    layers = list(dict.fromkeys(layer.text for layer in parsed.pattern))
+    if len(layers) > 1:
+        return [dataclasses.replace(f, prop=f"{layer}: {f.prop}") for layer in layers for f in run(layer, only)]
     findings = []
     for name, prop in PROPERTIES:
         if only is not None and name not in only:

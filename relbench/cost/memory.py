@@ -82,26 +82,22 @@ def human(n: float) -> str:
 
 def parameter_count(model: ModelConfig, positions_only: bool = False) -> int:
     """Exactly the number of parameters `GPT(model)` has (`GPT.n_params(positions_only)`), counted
-    without allocating its weights: the tied token embedding and the final norm, `n_layers` blocks,
-    and the position module (one for the model, or one per layer where the variant's class is not
-    `shared_across_layers`), the block and the position module built on the meta device (shapes, no
-    storage)."""
+    without allocating its weights: the tied token embedding and the final norm, a block per layer
+    (with that layer's options: a sink logit per head, Scalable-Softmax's scales) and the position
+    modules (one per scheme and options where the class is `shared_across_layers`, else one per
+    layer: `model.layer_encodings`), built on the meta device (shapes, no storage)."""
     from relbench import positions
-    from relbench.model import Block
+    from relbench.model import Block, layer_encodings
 
-    name, options = positions.parse_spec(model.position)
-    options.update(model.position_options)
-    shape = {"n_heads": model.n_heads, "head_dim": model.head_dim, "d_model": model.d_model,
-             "train_length": model.train_length}
+    layout = positions.parse(model.position).layers(model.n_layers)
     with torch.device("meta"):
-        enc = positions.build(name, **shape, **options)
-    own = (1 if enc.shared_across_layers else model.n_layers) * enc.n_params()
-    if positions_only:
-        return own
-    with torch.device("meta"):
-        block = sum(p.numel() for p in Block(model).parameters())
+        encodings, _ = layer_encodings(model, layout)
+        own = sum(enc.n_params() for enc in encodings)
+        if positions_only:
+            return own
+        blocks = sum(p.numel() for layer in layout for p in Block(model, layer).parameters())
     d = model.d_model
-    return model.vocab_size * d + model.n_layers * block + 2 * d + own
+    return model.vocab_size * d + blocks + 2 * d + own
 
 
 def model_bytes(model: ModelConfig) -> int:
@@ -190,6 +186,10 @@ def saved_line(model_json: str, precision: str) -> tuple[float, float, float]:
     weights are counted from the configuration (parameter_count)."""
     model = ModelConfig(**json.loads(model_json))
     weights = FLOAT * 4 * parameter_count(model)
+    kinds = layer_kinds(model)
+    if len(kinds) > 1:    # a layout: each kind of layer's share (its model alone at this depth, weighted)
+        lines = [(share, saved_line(json.dumps(dataclasses.asdict(kind), sort_keys=True), precision)) for kind, share in kinds]
+        return weights, sum(s * line[1] for s, line in lines), sum(s * line[2] for s, line in lines)
     if model.n_layers <= 2 and model.vocab_size <= PROBE_VOCAB:
         return (weights, *probe_line(model, precision))
     small = dataclasses.replace(model, vocab_size=min(model.vocab_size, PROBE_VOCAB), n_layers=min(2, model.n_layers))
@@ -198,6 +198,20 @@ def saved_line(model_json: str, precision: str) -> tuple[float, float, float]:
                   else (0.0, 0.0))
     per_row, shared = (max(0.0, a + (model.n_layers - 1) * (b - a) + v) for a, b, v in zip(one, two, vocabulary))
     return weights, per_row, shared
+
+
+def layer_kinds(model: ModelConfig) -> list[tuple[ModelConfig, float]]:
+    """Each kind of layer in the model's layout as a model of that one kind at the same depth, with its
+    share of the layers: what a step saves and takes is linear in the layers (saved_line), so a layout's
+    is the shares' weighted sum of those models' (their common part, embedding and loss, once). A
+    one-scheme model is its own one kind."""
+    from relbench import positions
+
+    texts = [layer.text for layer in positions.parse(model.position).layers(model.n_layers)]
+    kinds = dict.fromkeys(texts)
+    if len(kinds) == 1:
+        return [(model, 1.0)]
+    return [(dataclasses.replace(model, position=text), texts.count(text) / len(texts)) for text in kinds]
 
 
 def vocabulary_reference(model: ModelConfig) -> ModelConfig:
@@ -285,17 +299,22 @@ def with_backward(model: ModelConfig, batch_size: int, weights: float, saved: fl
 
 
 def training_backend(model: ModelConfig, precision: str) -> str:
-    """The attention path training takes at the model's length (what `attention.choose` picks)."""
+    """The attention path training takes at the model's length (what `attention.choose` picks; in a
+    layout, the most memory-hungry of its layers': reference, then chunked, then the rest)."""
     from relbench import positions
     from relbench.attention import choose
 
     if model.attention != "auto":
         return model.attention
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    enc = positions.build_spec(model.position, **model.position_shape)
     q = torch.zeros(1, model.n_heads, 2, model.head_dim, dtype=dtype)
     x = torch.zeros(1, 2, model.d_model, dtype=dtype)        # the layer input, for input-dependent schemes
-    return choose(enc.plan(2, 2, q, q, x) if enc.adds_bias else None, q, model.train_length, grad=True)
+    paths = []
+    for layer in positions.parse(model.position).pattern:
+        enc = layer.build(**model.position_shape)
+        path = choose(enc.plan(2, 2, q, q, x) if enc.adds_bias else None, q, model.train_length, grad=True)
+        paths.append("chunked" if (layer.window or layer.sinks) and path != "reference" else path)
+    return min(paths, key=lambda path: ("reference", "chunked").index(path) if path in ("reference", "chunked") else 2)
 
 
 def saved_bytes(gpt, batch: int, length: int, precision: str) -> int:

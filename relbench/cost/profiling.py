@@ -1,12 +1,11 @@
 """Timing and peak memory of position-bias construction and of attention.
 
-Method: warm up, synchronise the device before reading the clock, take the
-median (and min/max) of repeats, and reset/read peak memory around exactly the measured call.
-CPU peak memory is the process's resident-set high-water mark (VmHWM, reset through
-/proc/self/clear_refs), because torch's CPU allocations are invisible to tracemalloc; `relbench
-profile` runs each configuration in a fresh process, and before the peak-memory run (after the
-timed runs) lowers glibc's mmap threshold to 64 KiB so that freed buffers leave the resident set.
-CUDA peak memory is torch.cuda.max_memory_allocated.
+Method: warm up, synchronise the device before reading the clock, take the median (and min/max) of
+repeats, and reset/read peak memory around exactly the measured call. CPU peak memory is the VmHWM
+high-water mark (reset through /proc/self/clear_refs: torch's CPU allocations are invisible to
+tracemalloc); `relbench profile` runs each configuration in a fresh process and, before the peak-memory
+run, lowers glibc's mmap threshold to 64 KiB so that freed buffers leave the resident set. CUDA peak
+memory is torch.cuda.max_memory_allocated.
 
 What is measured, per variant x backend x length, for one layer with random q, k, v:
 - `bias`: building the position terms: the bias plan (a per-distance vector, or Shaw's
@@ -16,7 +15,7 @@ What is measured, per variant x backend x length, for one layer with random q, k
   includes materialising whatever part of the bias the backend needs. Cached across repeats:
   flex's compiled kernel and causal block mask (per length); the first call, compilation included, is reported as first_call_s.
 - `train`: forward + backward of position terms and attention together, where the backend can
-  train on the device and the length is at most `train_max`.
+  train on the device and the length is at most `train_max`. A layout: each layer, the row their mean.
 """
 
 from __future__ import annotations
@@ -176,13 +175,20 @@ def profile_one(spec: str, backend: str, length: int, batch: int = 1, heads: int
                 train_length: int | None = None, peak: bool = True) -> dict[str, Any]:
     """One row: cost of bias construction, attention forward and (where sensible) forward+backward;
     peak memory too with `peak` (on the CPU only trustworthy in a fresh process: `run_isolated`)."""
+    parsed = positions.parse(spec)
+    if parsed.is_layout:
+        rows = {text: profile_one(text, backend, length, batch, heads, head_dim, str(device), repeats, train_max, seed,
+                                  train_length, peak) for text in dict.fromkeys(layer.text for layer in parsed.pattern)}
+        return layout_row(spec, [rows[layer.text] for layer in parsed.pattern])
+    layer = parsed.single()
     device = torch.device(device)
     row: dict[str, Any] = {"variant": spec, "backend": backend, "path": "", "length": length, "batch": batch,
                            "heads": heads, "head_dim": head_dim, "device": str(device), "status": "ok",
                            "message": "", "repeats": repeats,
                            "cached": "compiled kernel, causal block mask" if backend == "flex" else ""}
     train_length = length if train_length is None else train_length
-    position = positions.build_spec(spec, n_heads=heads, head_dim=head_dim, train_length=train_length).to(device)
+    position = layer.build(n_heads=heads, head_dim=head_dim, train_length=train_length).to(device)
+    limits = {"window": layer.window, "sinks": torch.zeros(heads, device=device) if layer.sinks else None}
     position.reset_parameters(torch.Generator().manual_seed(seed))
     if position.max_length is not None and length > position.max_length:
         return {**row, "status": "unsupported", "message": f"no positions beyond {position.max_length}"}
@@ -197,8 +203,8 @@ def profile_one(spec: str, backend: str, length: int, batch: int = 1, heads: int
             build = measure(lambda: position_terms(position, q, k, length, x), device, repeats, peak=peak)
             q_rot, k_rot, plan = position_terms(position, q, k, length, x)
             with recording() as taken:
-                attend = measure(lambda plan=plan: scheme_attention(position, q_rot, k_rot, v, plan, backend), device, repeats,
-                                 peak=peak)
+                attend = measure(lambda plan=plan: scheme_attention(position, q_rot, k_rot, v, plan, backend, **limits),
+                                 device, repeats, peak=peak)
             row["path"] = path_label(taken)
         del plan
         row.update(bias_ms=build.median_ms, bias_min_ms=build.min_ms, bias_max_ms=build.max_ms,
@@ -206,7 +212,7 @@ def profile_one(spec: str, backend: str, length: int, batch: int = 1, heads: int
                    attention_max_ms=attend.max_ms, attention_peak_mb=attend.peak_mb, first_call_s=attend.first_s)
         if length <= train_max and _can_train(backend, position, device):
             with recording() as taken:
-                train = measure(lambda: _forward_backward(position, q, k, v, length, backend, x), device,
+                train = measure(lambda: _forward_backward(position, q, k, v, length, backend, x, limits), device,
                                 max(1, repeats // 2), peak=peak)
             row.update(train_path=path_label(taken), train_ms=train.median_ms, train_min_ms=train.min_ms,
                        train_max_ms=train.max_ms, train_peak_mb=train.peak_mb)
@@ -225,10 +231,27 @@ def _can_train(backend: str, position: PositionEncoding, device: torch.device) -
         return False
 
 
-def _forward_backward(position, q, k, v, length, backend, x=None) -> None:
+def layout_row(spec: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """A layout's row from its layers' rows, one per layer of its pattern: times their mean per layer (the
+    sum over the pattern over its length), peaks the largest, each path taken, the first status not ok."""
+    row = {**rows[0], "variant": spec, **{key: "+".join(dict.fromkeys(r[key] for r in rows if r.get(key)))
+                                          for key in ("path", "train_path")}}
+    bad = next((r for r in rows if r["status"] != "ok"), None)
+    if bad is not None:
+        return {**row, "status": bad["status"], "message": bad["message"]}
+    for key in {k for r in rows for k in r if k.endswith(("_ms", "_peak_mb", "first_call_s"))}:
+        values = [r.get(key) for r in rows]
+        if key.endswith("_ms"):
+            row[key] = None if None in values else sum(values) / len(values)
+        else:
+            row[key] = max((v for v in values if v is not None), default=None)
+    return row
+
+
+def _forward_backward(position, q, k, v, length, backend, x=None, limits=None) -> None:
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
     q_rot, k_rot, plan = position_terms(position, q, k, length, x)
-    out = scheme_attention(position, q_rot, k_rot, v, plan, backend)
+    out = scheme_attention(position, q_rot, k_rot, v, plan, backend, **(limits or {}))
     out.sum().backward()
     position.zero_grad(set_to_none=True)
 
@@ -302,7 +325,8 @@ def profile_run(out_path: Path, specs: list[str], backends: list[str], lengths: 
                           "train_max": train_max}
             need = memory.qkv_bytes(length, batch, heads, head_dim)
             if available is None or need <= available:
-                need += memory.scores_bytes(backend, length, batch, heads, positions.scheme(spec).adds_bias)
+                biased = any(cls.adds_bias for cls in positions.parse(spec).schemes)
+                need += memory.scores_bytes(backend, length, batch, heads, biased)
             if available is not None and need > 0.8 * available:
                 row = {**{k: config[k] for k in PROFILE_KEY}, "status": "oom",
                        "message": f"skipped: needs about {memory.human(need)}, {memory.human(available)} available"}

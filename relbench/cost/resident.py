@@ -94,15 +94,17 @@ def process_bytes(model: ModelConfig, batch_size: int, precision: str, step: int
 def gradient_heap_bytes(model: ModelConfig) -> int:
     """The bytes of the weights' gradients (fp32, whatever the precision) that glibc serves from its
     heap: those below the ceiling (the position module's counted whole)."""
+    from relbench import positions
     from relbench.model import Block
 
     with torch.device("meta"):
-        block = [p.numel() for p in Block(model).parameters()]
+        blocks = [p.numel() for layer in positions.parse(model.position).layers(model.n_layers)
+                  for p in Block(model, layer).parameters()]
 
     def below(numel: int) -> int:
         return memory.FLOAT * numel if memory.FLOAT * numel < MMAP_CEILING else 0
 
-    return (model.n_layers * sum(below(n) for n in block) + below(model.vocab_size * model.d_model)
+    return (sum(below(n) for n in blocks) + below(model.vocab_size * model.d_model)
             + memory.FLOAT * (2 * model.d_model + memory.parameter_count(model, positions_only=True)))
 
 
@@ -114,6 +116,9 @@ def heap_share(model: ModelConfig, batch_size: int, precision: str) -> float:
     shared by the batch as probed: exact for what is per token and for a weight's copy, low for what
     grows faster, which then counts as kept (an estimate that errs high). 1 when the storages could
     not be paired across batch sizes."""
+    kinds = memory.layer_kinds(model)
+    if len(kinds) > 1:    # a layout: the kinds' shares weighted as their layers are (an estimate of a ratio)
+        return sum(share * heap_share(kind, batch_size, precision) for kind, share in kinds)
     lines = role_lines(json.dumps(dataclasses.asdict(model), sort_keys=True), precision)
     reference = memory.vocabulary_reference(model)
     vocabulary = (vocabulary_roles(json.dumps(dataclasses.asdict(reference), sort_keys=True), precision, model.train_length)

@@ -109,9 +109,9 @@ def unfit(model: GPT, length: int, per_batch: int, backend: str, device: torch.d
     CPU the kernel would kill the process rather than raise); None when it can."""
     if model.max_length is not None and length > model.max_length:
         return Skipped("unsupported", f"no position representation beyond {model.max_length}")
-    first = model.positions[0]
-    placed = first.form is not None and first.form.places     # each sequence at its own positions: a dense bias
-    need = memory.evaluation_bytes(model.config, backend, length, per_batch, first.adds_bias, dense_bias=placed)
+    placed = any(enc.form is not None and enc.form.places for enc in model.positions)   # a dense bias per sequence
+    biased = any(enc.adds_bias for enc in model.positions)
+    need = memory.evaluation_bytes(model.config, backend, length, per_batch, biased, dense_bias=placed)
     have = memory.budget(device)
     if have is not None and need > have:
         return Skipped("oom", f"skipped: {backend} attention at length {length} needs about {memory.human(need)}, "

@@ -4,6 +4,7 @@
     positions.names()                          # every registered variant
     enc = positions.build("xl", n_heads=8)     # unknown name -> RelbenchError listing the names
     enc.plan(q_len, k_len)                     # its bias, or None (see positions/plan.py)
+    positions.parse("rope*3,none").layers(4)   # a spec, typed: the layer of each block (positions/spec.py)
     forms.apply(model, "rope@yarn:factor=16")  # an evaluation form on a trained model (positions/forms.py)
 """
 
@@ -34,11 +35,8 @@ from relbench.positions.base import (  # noqa: F401
     RelativeBias,
     UnsupportedLength,
     build,
-    build_spec,
     get,
     names,
-    parse_spec,
     register,
-    scheme,
-    training_options,
 )
+from relbench.positions.spec import Layer, Spec, build_spec, parse, parse_spec, scheme, training_options  # noqa: F401

@@ -1,4 +1,5 @@
-"""The position-encoding interface every variant implements, and the registry that names them.
+"""The position-encoding interface every variant implements, and the registry that names them (a
+variant spec is parsed in positions/spec.py, the evaluation-form base is positions/form_base.py).
 
 A variant is one `PositionEncoding` subclass decorated with `@register("name")`. The model only
 talks to this interface; nothing outside `positions/` branches on a variant's name.
@@ -16,7 +17,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from relbench.errors import UsageError, one_line, unknown
+from relbench.errors import UsageError, unknown
 from relbench.positions.plan import BiasPlan, DensePlan, DistancePlan
 from relbench.positions.registry import Registry, convert_option, parse_options  # noqa: F401 (re-exported)
 
@@ -51,7 +52,7 @@ class PositionEncoding(nn.Module):
 
     # an evaluation form (positions/forms.py: YaRN, log-n scaling, ...) set on a trained model's
     # encodings by `forms.apply`; None: the scheme as trained. It holds no weights.
-    form: Form | None = None
+    form: Any = None    # a positions.form_base.Form (imported there: it reads this module), or None
 
     def __init__(self, n_heads: int, head_dim: int, d_model: int, train_length: int):
         super().__init__()
@@ -257,138 +258,8 @@ def build(name: str, n_heads: int = 8, head_dim: int = 64, d_model: int | None =
     return cls(n_heads=n_heads, head_dim=head_dim, d_model=d_model, train_length=train_length, **options)
 
 
-# ---- variant specs: "xl" or "xl:k=64,shared_heads=true" ---------------------------------------------
+# ---- randomized positions -----------------------------------------------------------------------------
 def sorted_draw(generator: torch.Generator, length: int, limit: int) -> Tensor:
     """(length,) int64: a sorted random subset of [0, limit) drawn without replacement, the positions
     of one sequence under randomized positions (training; the `drawn` evaluation form)."""
     return torch.randperm(limit, generator=generator)[:length].sort().values
-
-
-def _training_option(name: str, default: Any) -> inspect.Parameter:
-    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default)
-
-
-# options every variant takes that concern how it is trained, not the scheme itself
-# (ssmax: Scalable-Softmax, each layer's logits times s_h log n, s_h learned from 1: model.py's SelfAttention;
-# ssmax_bias=false scales the content logits q.k only, as BAM's official ALiBi+SSMax model does)
-# random_positions=N: randomized positions (Ruoss et al. 2023), each training sequence's positions a
-# sorted random subset of [0, N), N > the training length; validation and evaluation use 0 .. L - 1
-TRAINING_OPTIONS = {"position_lr_scale": _training_option("position_lr_scale", 1.0),
-                    "ssmax": _training_option("ssmax", False),
-                    "ssmax_bias": _training_option("ssmax_bias", True),
-                    "random_positions": _training_option("random_positions", 0)}
-
-
-def _parse(spec: str) -> tuple[str, dict[str, Any]]:
-    if "@" in spec:    # "rope@yarn:factor=16": a form of a trained variant, for `extrapolate` (positions/forms.py)
-        trained = spec.partition("@")[0].strip()
-        raise UsageError(f'"{one_line(spec)}" is an evaluation form of "{one_line(trained)}": train "{one_line(trained)}" '
-                         f"and give the form to `relbench extrapolate --variants`")
-    name, _, rest = spec.strip().partition(":")
-    cls = get(name)
-    options = parse_options(rest, {**cls.options(), **TRAINING_OPTIONS}, spec, f'in variant "{spec}"',
-                            f'option of "{name}"')
-    if "position_lr_scale" in options and not options["position_lr_scale"] > 0:
-        raise UsageError(f'position_lr_scale in variant "{spec}" must be positive')
-    if "random_positions" in options:
-        if options["random_positions"] < 0:
-            raise UsageError(f'random_positions in variant "{one_line(spec)}" must be 0 (off) or the number of '
-                             f"positions N to draw from, got {options['random_positions']}")
-        if options["random_positions"] and not cls.takes_positions:
-            raise UsageError(f'random_positions in variant "{one_line(spec)}": "{name}" cannot place its tokens at '
-                             f"chosen positions ({cls.family or 'no position'} scheme); the schemes that can: "
-                             f"{', '.join(n for n in names() if get(n).takes_positions)}")
-    if "ssmax_bias" in options and not options.get("ssmax"):
-        raise UsageError(f'ssmax_bias in variant "{one_line(spec)}" says what Scalable-Softmax scales: add ssmax=true')
-    return name, options
-
-
-def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
-    """Split a variant spec "name[:key=value,...]" into the name and the scheme's typed options
-    (training options such as position_lr_scale are left to `training_options`)."""
-    name, options = _parse(spec)
-    return name, {k: v for k, v in options.items() if k not in TRAINING_OPTIONS}
-
-
-def training_options(spec: str) -> dict[str, Any]:
-    """The training options a spec sets, e.g. {"position_lr_scale": 10.0} for "xl:position_lr_scale=10"."""
-    return {k: v for k, v in _parse(spec)[1].items() if k in TRAINING_OPTIONS}
-
-
-def build_spec(spec: str, **shape: Any) -> PositionEncoding:
-    """Build from a spec string such as "t5:bidirectional=true"."""
-    name, options = parse_spec(spec)
-    return build(name, **shape, **options)
-
-
-def scheme(spec: str) -> type[PositionEncoding]:
-    """The class a variant spec names ("xl:k=64" -> the `xl` class): its declared capabilities
-    (adds_bias, rotates, has_horizon, ...) hold whatever the options."""
-    return get(_parse(spec)[0])
-
-
-def format_value(value: Any) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-class Form:
-    """An evaluation form (positions/forms.py registers them: YaRN, log-n scaling, ...): the hooks an
-    encoding calls, the identity here. Subclasses override the hooks their method changes."""
-
-    name: ClassVar[str] = ""
-    applies_to: ClassVar[type[PositionEncoding]] = PositionEncoding   # the schemes (with subclasses) it fits
-    formula: ClassVar[str] = ""           # one line, shown in the README and by `forms_table`
-    places: ClassVar[bool] = False        # `placement` gives positions other than 0 .. L - 1 (drawn)
-
-    @classmethod
-    def applies(cls, scheme: type[PositionEncoding]) -> bool:
-        return issubclass(scheme, cls.applies_to)
-
-    @classmethod
-    def options(cls) -> dict[str, inspect.Parameter]:
-        return {n: p for n, p in inspect.signature(cls.__init__).parameters.items() if n != "self"}
-
-    def check(self, enc: PositionEncoding) -> None:
-        """Refuse (UsageError) an encoding of the right class whose options the form cannot read."""
-
-    # ---- hooks --------------------------------------------------------------------------------------
-    def logit_scale(self, enc: PositionEncoding, length: int) -> float:
-        return 1.0
-
-    def frequencies(self, enc: PositionEncoding, inv_freq: Tensor, length: int) -> Tensor:
-        return inv_freq
-
-    def distance_bias(self, enc: PositionEncoding, distance: Tensor, length: int) -> Tensor:
-        return enc.distance_bias(distance)
-
-    def horizon(self, enc: PositionEncoding, length: int) -> int | None:
-        return enc.horizon()
-
-    def placement(self, enc: PositionEncoding, tokens: Tensor) -> Tensor | None:
-        """(B, L) positions at which the model places `tokens` (B, L), or None: 0 .. L - 1 (every form
-        but `drawn`, which places them as randomized-positions training does)."""
-        return None
-
-    def max_length(self, enc: PositionEncoding) -> int | None:
-        """The longest sequence the encoding can read under this form: the scheme's own."""
-        return enc.max_length
-
-    def for_variant(self, variant: str) -> Form:
-        """The form as it reads the trained variant `variant` (its spec, training options included):
-        itself, unless an option's default comes from how the variant was trained (`drawn`'s limit)."""
-        return self
-
-    def pinned(self, enc: PositionEncoding, length: int) -> Form:
-        """The form to fine-tune under at `length`: options that default to following the evaluated
-        length (a factor of 0) fixed at their value there. The base class has none: itself."""
-        return self
-
-    def text(self) -> str:
-        """The form as a spec writes it: its name and the options that differ from their defaults."""
-        given = [f"{n}={format_value(getattr(self, n))}" for n, p in self.options().items()
-                 if getattr(self, n) != p.default]
-        return self.name + (":" + ",".join(given) if given else "")
-
-    def __repr__(self) -> str:
-        values = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.options() if hasattr(self, k))
-        return f"{self.name}({values})"

@@ -42,7 +42,9 @@ from torch import Tensor, nn
 
 from relbench.errors import UsageError, one_line
 from relbench.positions import base
-from relbench.positions.base import Form, PositionEncoding
+from relbench.positions import spec as specs
+from relbench.positions.base import PositionEncoding
+from relbench.positions.form_base import Form
 
 _FORMS: base.Registry = base.Registry("evaluation form")
 _FORMS.base = Form
@@ -165,7 +167,7 @@ def parse_form(spec: str) -> Form | None:
     UsageError of one line: an unknown variant, form or option, a bad value, two forms, or a form
     that does not apply to the variant's scheme."""
     evaluated, tuned, variant = split_spec(spec)[1], tuned_form(spec), scheme_spec(spec)
-    base.parse_spec(variant)          # the trained variant and its options are valid
+    trained = specs.parse(variant)    # the trained variant and its options are valid
     if evaluated and tuned:
         raise UsageError(f'"{one_line(spec)}" was fine-tuned under form "{one_line(tuned)}" and is evaluated with it; '
                          f'give no second form after "+ft{finetune_length(spec)}"')
@@ -176,10 +178,10 @@ def parse_form(spec: str) -> Form | None:
         raise UsageError(f'variant "{one_line(spec)}" names more than one evaluation form; give one after "@"')
     name, _, rest = text.partition(":")
     cls = get_form(name.strip())
-    scheme = base.scheme(variant)
-    if not cls.applies(scheme):
+    if not any(cls.applies(scheme) for scheme in trained.schemes):   # a layout: the layers it applies to
         fits = ", ".join(schemes_of(cls)) or "(none)"
-        raise UsageError(f'evaluation form "{cls.name}" does not apply to "{scheme.name}"; it applies to: {fits}')
+        named = ", ".join(scheme.name for scheme in trained.schemes)
+        raise UsageError(f'evaluation form "{cls.name}" does not apply to "{named}"; it applies to: {fits}')
     options = base.parse_options(rest, cls.options(), spec, f'of form "{cls.name}" in "{one_line(spec)}"',
                                  f'option of form "{cls.name}"')
     return cls(**options).for_variant(variant)
@@ -190,7 +192,9 @@ def apply(model: nn.Module, spec: str) -> Form | None:
     trained variant's checkpoint) and return it; a plain spec leaves the model as it is. The weights
     are not changed: the form only changes how the encodings read them."""
     form = parse_form(spec)
-    for enc in model.positions:
+    for enc in model.positions:      # in a layout, the layers whose scheme the form applies to
+        if form is not None and not form.applies(type(enc)):
+            continue
         if form is not None:
             form.check(enc)
         enc.form = form
@@ -202,7 +206,9 @@ def check_spec(spec: str, **shape: Any) -> None:
     `shape` (n_heads, head_dim, d_model, train_length): e.g. a table form on a log-bucketed xl."""
     form = parse_form(spec)
     if form is not None:
-        form.check(base.build_spec(scheme_spec(spec), **shape))
+        for layer in specs.parse(scheme_spec(spec)).pattern:
+            if form.applies(layer.cls):
+                form.check(layer.build(**shape))
 
 
 def default_factor(factor: float, enc: PositionEncoding, length: int) -> float:
@@ -272,7 +278,7 @@ class Drawn(Form):
     def for_variant(self, variant: str) -> Form:
         if self.limit:
             return self
-        trained = int(base.training_options(variant).get("random_positions", 0))
+        trained = specs.parse(variant).random_positions
         if not trained:
             raise UsageError(f'form "drawn" of "{one_line(variant)}": the variant was not trained with random_positions; '
                              f"give the range to draw from, drawn:limit=N")

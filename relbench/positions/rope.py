@@ -63,6 +63,7 @@ class Rotary(PositionEncoding):
         if head_dim % 2:
             raise UsageError(f"rope rotates channel pairs and needs an even head dimension, got {head_dim}")
         self.base = base
+        self.rotary_dim = head_dim      # the channels that rotate (partial_rope: fewer); the forms read it
 
     def frequencies(self, length: int, device=None) -> Tensor:
         """(D/2,) float32 frequencies for a sequence of `length`: base^(-2i/D), or what an evaluation
@@ -114,3 +115,36 @@ class HighFrequencyRotary(Rotary):
     def extra_repr(self) -> str:
         kept = int(self.kept().sum())
         return f"base={self.base:g}, cycles={self.cycles:g}, rotary pairs={kept} of {self.head_dim // 2}"
+
+
+@register("partial_rope")
+class PartialRotary(Rotary):
+    """Partial RoPE: the first `fraction` of each head's channels rotate, with RoPE's frequency ladder
+    over those channels alone, and the rest carry content only, unrotated. As GPT-NeoX does
+    (transformers models/gpt_neox/modeling_gpt_neox.py: rotary_ndims = int(head_size * rotary_pct), the
+    rotary embedding built over rotary_ndims channels; configuration_gpt_neox.py: rotary_pct 0.25, the
+    default here) and x-transformers' default RoPE (rotary_emb_dim = max(dim_head // 2, 32)). Not
+    p-RoPE (the `prope` evaluation form): that keeps the whole ladder and removes its lowest frequencies."""
+
+    formula = "first r = fraction * d channels rotated by p * base^(-2c/r); the other d - r unrotated"
+
+    def __init__(self, n_heads: int, head_dim: int, d_model: int, train_length: int, base: float = 10000.0,
+                 fraction: float = 0.25):
+        super().__init__(n_heads, head_dim, d_model, train_length, base)
+        self.rotary_dim = int(head_dim * fraction) // 2 * 2      # whole channel pairs
+        if not 0 < fraction <= 1 or self.rotary_dim < 2:
+            raise UsageError(f"partial_rope's fraction={fraction:g} of {head_dim} channels rotates "
+                             f"{self.rotary_dim}: give a fraction in (0, 1] that rotates at least one pair")
+        self.fraction = fraction
+
+    def frequencies(self, length: int, device=None) -> Tensor:
+        inv_freq = rope_frequencies(self.rotary_dim, self.base, device)
+        return inv_freq if self.form is None else self.form.frequencies(self, inv_freq, length)
+
+    def rotate(self, q: Tensor, k: Tensor, positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        r = self.rotary_dim
+        q_rot, k_rot = super().rotate(q[..., :r], k[..., :r], positions)
+        return torch.cat([q_rot, q[..., r:]], dim=-1), torch.cat([k_rot, k[..., r:]], dim=-1)
+
+    def extra_repr(self) -> str:
+        return f"base={self.base:g}, rotated channels={self.rotary_dim} of {self.head_dim}"

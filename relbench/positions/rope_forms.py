@@ -65,9 +65,10 @@ class NTKAware(_Scaled):
     formula = "base -> base * s^(d/(d-2))"
 
     def frequencies(self, enc: PositionEncoding, inv_freq: Tensor, length: int) -> Tensor:
-        if enc.head_dim <= 2:
-            raise UsageError(f"ntk scaling needs a rotated head dimension above 2, got {enc.head_dim}")
-        return rope_frequencies(enc.head_dim, ntk_base(enc.base, self.scale(enc, length), enc.head_dim), inv_freq.device)
+        if enc.rotary_dim <= 2:
+            raise UsageError(f"ntk scaling needs a rotated head dimension above 2, got {enc.rotary_dim}")
+        return rope_frequencies(enc.rotary_dim, ntk_base(enc.base, self.scale(enc, length), enc.rotary_dim),
+                                inv_freq.device)
 
 
 def yarn_ramp(inv_freq: Tensor, train_length: int, alpha: float = 1.0, beta: float = 32.0) -> Tensor:
@@ -149,7 +150,7 @@ class PartialRoPE(Form):
         self.p = p
 
     def frequencies(self, enc: PositionEncoding, inv_freq: Tensor, length: int) -> Tensor:
-        kept = int(self.p * enc.head_dim // 2)
+        kept = int(self.p * enc.rotary_dim // 2)
         out = inv_freq.clone()
         out[kept:] = 0.0
         return out

@@ -74,9 +74,12 @@ class _MinorPlain(matplotlib.ticker.Formatter):
 def family_of(variant: str) -> str:
     """The family a variant's panel is drawn in ("relative bias" for FIRE's position-normalised kind)."""
     try:
-        family = positions.get(positions.parse_spec(forms.trained_spec(variant))[0]).family
+        schemes = positions.parse(forms.scheme_spec(variant)).schemes
     except RelbenchError:
         return "other"
+    if len(schemes) > 1:
+        return "layout"                  # a scheme per layer: its own panel
+    family = schemes[0].family
     return family.split(" (")[0] or "other"
 
 
@@ -159,14 +162,14 @@ def learned_bias(run_dir: Path, config: dict[str, Any], path: Path) -> Path | No
         meta = checkpoints.read_meta(folder)
         if not meta or not meta.get("finished"):
             continue
-        cls = positions.get(positions.parse_spec(variant)[0])
-        if not issubclass(cls, RelativeBias):
+        if not any(issubclass(cls, RelativeBias) for cls in positions.parse(variant).schemes):
             continue
         model = checkpoints.load_model(folder)
         if model.n_params(positions_only=True) == 0:
             continue
-        layers = sorted({0, len(model.positions) - 1})
-        panels += [(variant, layer, model.positions[layer]) for layer in layers]
+        biased = [i for i in range(len(model.blocks)) if isinstance(model.position(i), RelativeBias)]
+        shown = sorted({biased[0], biased[-1]}) if len(model.positions) > 1 else biased[:1]
+        panels += [(variant, layer, model.position(layer)) for layer in shown]
     if not panels:
         return None
     train_length = int(config["model"]["train_length"])

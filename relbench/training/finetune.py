@@ -87,18 +87,24 @@ def check_length(spec: str, model: ModelConfig, length: int) -> None:
         raise UsageError(f"--length {length} is shorter than the training length {model.train_length}; "
                          f"fine-tuning extends the context: give a --length above {model.train_length} (or "
                          f"{model.train_length} itself for the control run)")
-    enc = trained_encoding(spec, model)
     form = forms.parse_form(spec)
-    if form is not None:
-        form.check(enc)
-    if enc.max_length is not None and length > enc.max_length:
-        raise UsageError(f"{spec} represents positions below {enc.max_length} only (learned per position up to the "
-                         f"training length), so it cannot be fine-tuned at --length {length}; leave it out of --variants")
+    for layer in positions.parse(forms.scheme_spec(spec)).pattern:
+        enc = layer.build(**model.position_shape)
+        if form is not None and form.applies(type(enc)):
+            form.check(enc)
+        if enc.max_length is not None and length > enc.max_length:
+            raise UsageError(f"{spec} represents positions below {enc.max_length} only (learned per position up to "
+                             f"the training length), so it cannot be fine-tuned at --length {length}; leave it out "
+                             f"of --variants")
 
 
 def trained_encoding(spec: str, model: ModelConfig) -> positions.PositionEncoding:
-    """The position scheme of the checkpoint `spec` fine-tunes (its variant, as trained)."""
-    return positions.build_spec(forms.scheme_spec(spec), **model.position_shape)
+    """The position scheme of the checkpoint `spec` fine-tunes (its variant, as trained): in a layout,
+    the first layer's that the spec's evaluation form applies to (the one it pins), else the first."""
+    pattern = positions.parse(forms.scheme_spec(spec)).pattern
+    form = forms.parse_form(spec)
+    fits = [layer for layer in pattern if form is not None and form.applies(layer.cls)]
+    return (fits or list(pattern))[0].build(**model.position_shape)
 
 
 def pairs_to_tune(run_dir: Path, config: dict[str, Any], variants: list[str] | None, seeds: list[int] | None,
@@ -224,7 +230,8 @@ def plan_for(spec: str, seed: int, meta: dict[str, Any], length: int, steps: int
     train, record, note = settings(meta, length, steps, lr, batch_size)
     variant = forms.scheme_spec(spec)
     try:
-        check_backend(train.attention, positions.scheme(variant), device, True)
+        for cls in positions.parse(variant).schemes:
+            check_backend(train.attention, cls, device, True)
     except UsageError as error:
         raise UsageError(f"{spec}: {error}") from None
     check_memory(variant, model, train, length, device)

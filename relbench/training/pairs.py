@@ -46,7 +46,9 @@ def train_run(run_dir: Path, specs: list[str], seeds: list[int], run_config: dic
         raise UsageError(f"the training split holds {len(splits.train):,} tokens, too few to draw sequences of "
                          f"{model_config.train_length + 1} from; give --max-train-tokens {needed:,} or more")
     for spec in specs:  # fail on a bad variant or option before any training starts
-        positions.build_spec(spec, **model_config.position_shape)
+        positions.parse(spec).layers(model_config.n_layers)   # the depth is one the layout repeats to
+        for layer in positions.parse(spec).pattern:
+            layer.build(**model_config.position_shape)
     summaries, todo = pairs_to_train(run_dir, specs, seeds, base, force, console)
     failures, failed = [], []
     apart = jobs > 1 and len(todo) > 1

@@ -46,13 +46,12 @@ def position_lr(spec: str, config: TrainConfig) -> tuple[float, str]:
     """The learning-rate multiplier of `spec`'s position parameters and where it comes from: the
     spec's own option ("xl:position_lr_scale=10"), else the run-wide --position-lr-scale, else the
     variant's entry in `position_lr_scales` (a sweep's choice, `relbench tune-lr`), else 1."""
-    own = positions.training_options(spec).get("position_lr_scale")
-    if own is not None:
-        return float(own), "variant option"
+    parsed = positions.parse(spec)
+    if parsed.position_lr_scale is not None:
+        return float(parsed.position_lr_scale), "variant option"
     if config.position_lr_scale is not None:
         return float(config.position_lr_scale), "run option"
-    name, _ = positions.parse_spec(spec)
-    for key in (spec, name):
+    for key in (spec, parsed.pattern[0].scheme if not parsed.is_layout else spec):
         if key in config.position_lr_scales:
             return float(config.position_lr_scales[key]), "tuned"
     return 1.0, "default"

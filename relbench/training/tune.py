@@ -41,7 +41,10 @@ def learned_variants(shape: dict[str, int]) -> list[str]:
 
 def grid_spec(spec: str, scale: float) -> str:
     """"xl" -> "xl:position_lr_scale=3"; "xl:k=64" -> "xl:k=64,position_lr_scale=3"."""
-    if "position_lr_scale" in positions.training_options(spec):
+    parsed = positions.parse(spec)
+    if parsed.is_layout or len(parsed.pattern) > 1:
+        raise UsageError(f'variant "{spec}" is a layout; tune-lr sweeps the position learning rate of one scheme')
+    if parsed.position_lr_scale is not None:
         raise UsageError(f'variant "{spec}" already sets position_lr_scale; tune-lr sweeps it')
     return f"{spec}{',' if ':' in spec else ':'}position_lr_scale={scale:g}"
 
