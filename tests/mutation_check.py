@@ -19,6 +19,7 @@ notice ("survived") is a gap in the tests.
     python tests/mutation_check.py -k BAM       # the Bayesian attention prior (bam)
     python tests/mutation_check.py -k ssmax     # Scalable-Softmax, the training option of every scheme
     python tests/mutation_check.py -k layout    # layouts, windows, sinks, query temperature (positions/spec.py)
+    python tests/mutation_check.py -k pope      # polar coordinate position embeddings
     python tests/mutation_check.py -k stick     # stick-breaking attention
     python tests/mutation_check.py -k random    # randomized positions (VARIANT:random_positions=N)
     python tests/mutation_check.py -k HoPE      # HoPE (RoPE with its slow pairs unrotated)
@@ -135,6 +136,17 @@ MUTATIONS = [
      "inv_freq = rope_frequencies(self.head_dim, self.base, device)[: self.rotary_dim // 2]", ["tests/test_partial_rope.py"]),
     ("layout: p-RoPE counts the head's channels, not the rotated ones", "relbench/positions/rope_forms.py",
      "kept = int(self.p * enc.rotary_dim // 2)", "kept = int(self.p * enc.head_dim // 2)", ["tests/test_partial_rope.py"]),
+    ("pope: the learned phase turns the other way", "relbench/positions/pope.py",
+     "polar(k, angle + delta, 1.0)", "polar(k, angle - delta, 1.0)", ["tests/test_pope.py"]),
+    ("pope: the logit scaled by the doubled width", "relbench/positions/pope.py",
+     "polar(q, q_angle, math.sqrt(2))", "polar(q, q_angle, 1.0)", ["tests/test_pope.py"]),
+    ("pope: the magnitude is the raw channel", "relbench/positions/pope.py",
+     "magnitude = F.softplus(x.float())", "magnitude = x.float()", ["tests/test_pope.py"]),
+    ("pope: RoPE's frequency ladder (one per pair)", "relbench/positions/pope.py",
+     "base ** (-torch.arange(head_dim, dtype=torch.float32, device=device) / head_dim)",
+     "base ** (-2 * torch.arange(head_dim, dtype=torch.float32, device=device) / head_dim)", ["tests/test_pope.py"]),
+    ("pope: the phase unclamped", "relbench/positions/pope.py",
+     "delta = self.phase.clamp(-2 * math.pi, 0.0)[:, None, :]", "delta = self.phase[:, None, :]", ["tests/test_pope.py"]),
     ("HoPE keeps the slow pairs rotary and drops the fast", "relbench/positions/rope.py",
      "return torch.where(self.kept(device), inv_freq, torch.zeros_like(inv_freq))",
      "return torch.where(self.kept(device), torch.zeros_like(inv_freq), inv_freq)", HOPE),

@@ -224,7 +224,7 @@ def test_parametric_variants_are_the_expected_ones():
     """The determinism test below runs over PARAMETRIC only: the others have nothing to draw.
     A variant gaining or losing parameters must be added here, so it cannot drop out unseen."""
     assert set(PARAMETRIC) == {"learned", "xl", "t5", "t5-log2", "shaw", "dynamic", "fire", "kerple-log",
-                               "kerple-power", "transformer-xl", "fox", "cope", "dape", "bam"}
+                               "kerple-power", "transformer-xl", "fox", "cope", "dape", "bam", "pope"}
     assert set(ALL) - set(PARAMETRIC) == {"none", "sinusoidal", "rope", "hope", "partial_rope", "xpos", "alibi", "sandwich",
                                           "stickbreaking"}
 
@@ -254,4 +254,5 @@ def test_build_is_deterministic_per_generator(name):
 
 
 ZERO_INIT = {"cope",   # the paper's code starts its position table at zero: nothing to draw
+             "pope",   # x-transformers starts the keys' phase at zero (bias_uniform_init=False)
              "bam"}    # the official defaults: the scale at the ALiBi slopes, the shape at 1 (bam:scale_init=sampled draws)

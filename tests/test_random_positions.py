@@ -26,8 +26,8 @@ H, D = 2, 8
 
 def test_the_schemes_that_take_positions():
     # every index-based scheme; the data-dependent ones, tables of absolute rows and none do not
-    assert set(TAKES) == {"alibi", "bam", "dynamic", "fire", "hope", "kerple-log", "kerple-power", "partial_rope", "rope",
-                          "sandwich", "sinusoidal", "t5", "t5-log2", "xl", "xpos"}
+    assert set(TAKES) == {"alibi", "bam", "dynamic", "fire", "hope", "kerple-log", "kerple-power", "partial_rope", "pope",
+                          "rope", "sandwich", "sinusoidal", "t5", "t5-log2", "xl", "xpos"}
 
 
 def test_drawn_positions_are_sorted_distinct_and_in_range():

@@ -56,9 +56,11 @@ def prop_shapes(spec: str) -> Finding:
         return Finding("shapes", False, f"plan() returned {'a bias' if plan is not None else 'None'} with "
                        f"adds_bias={enc.adds_bias}", "declare adds_bias = True exactly when plan() returns a BiasPlan")
     q_rot, k_rot = enc.rotate(q, k)
-    if q_rot.shape != q.shape or k_rot.shape != k.shape:
-        return Finding("shapes", False, f"rotate() changed shapes {tuple(q.shape)} -> {tuple(q_rot.shape)}")
-    pieces = [f"rotate keeps {tuple(q.shape)}"]
+    widened = enc.qk_width * q.shape[-1]           # PoPE's complex channels: q and k twice as wide
+    if q_rot.shape != (*q.shape[:-1], widened) or k_rot.shape != (*k.shape[:-1], widened):
+        return Finding("shapes", False, f"rotate() changed shapes {tuple(q.shape)} -> {tuple(q_rot.shape)} "
+                       f"(qk_width={enc.qk_width})", "declare qk_width = the factor rotate() widens q and k by")
+    pieces = [f"rotate keeps {tuple(q.shape)}" if enc.qk_width == 1 else f"rotate widens to {tuple(q_rot.shape)}"]
     if plan is not None:
         bias = plan.full()
         if bias.shape not in ((H, 3, 7), (2, H, 3, 7)):

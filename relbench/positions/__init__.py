@@ -19,6 +19,7 @@ from relbench.positions import (  # noqa: F401  (importing a module registers it
     forms,
     fox,
     kerple,
+    pope,
     rope,
     rope_forms,
     sandwich,

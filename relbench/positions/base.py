@@ -47,6 +47,7 @@ class PositionEncoding(nn.Module):
     separable: ClassVar[bool] = False        # the causal bias is r(i) + c(j), c not constant (ALiBi, FoX)
     has_score_mod: ClassVar[bool] = False    # the plan can be written as a FlexAttention score_mod
     replaces_softmax: ClassVar[bool] = False  # attend() computes the attention itself (stick-breaking)
+    qk_width: ClassVar[int] = 1              # rotate() returns q and k with this many times the channels (PoPE: 2)
     takes_positions: ClassVar[bool] = False  # embed/rotate/plan take `positions=` (B, L), any sorted integers:
     #                                          randomized positions in training (VARIANT:random_positions=N)
 
