@@ -104,3 +104,36 @@ class ForgettingGate(PositionEncoding):
 
     def extra_repr(self) -> str:
         return f"heads={self.n_heads}, bias_init={self.bias_init:g}"
+
+
+@register("cable")
+class ContextAwareBias(ForgettingGate):
+    """CABLE (Veisi and Mansourian 2025, "Context-aware Biases for Length Extrapolation"; official code
+    axiomlab/Cable, src/Cable.py, CausalSelfAttention): per head and token a bias g_t = h(x_t), a linear
+    map with bias of the layer input (`h_attn`, nn.Linear(n_embd, n_head): weight normal std 0.02, bias
+    zero, the repository's _init_weights), and
+
+        b = cumsum(-softplus(g)),   logit(i, j) += b_i - b_j = -sum_{t = j+1 .. i} softplus(g_t).
+
+    Since -softplus(g) = log sigmoid(-g), this is FoX's bias with the gate's sign flipped (one
+    function class; at their zero-mean initialisation the two are distributed alike), and it runs on
+    FoX's plan and paths. What differs is the code's logit scale: it divides q and k by
+    sqrt(C / n_embd) = 1, so q.k is not divided by sqrt(head_dim); relbench follows the code and
+    multiplies q by sqrt(head_dim) against its attention paths' 1/sqrt(d). CABLE with the usual scale
+    is `fox` (the sign of a learned gate aside)."""
+
+    formula = "e_ij += b_i - b_j, b = cumsum(-softplus(w_h . x_t + c_h)) per head (CABLE); q.k not scaled by 1/sqrt(d)"
+    rotates = True          # the code's logit scale: q times sqrt(head_dim)
+
+    def __init__(self, n_heads: int, head_dim: int, d_model: int, train_length: int):
+        super().__init__(n_heads, head_dim, d_model, train_length, bias_init=0.0)
+
+    def log_forget(self, x: Tensor) -> Tensor:
+        """(B, H, L) -softplus(g_t) for the layer input x (B, L, d_model)."""
+        return -F.softplus(self.gate(x.to(self.gate.weight.dtype))).transpose(1, 2)
+
+    def rotate(self, q: Tensor, k: Tensor, positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        return q * self.head_dim ** 0.5, k
+
+    def extra_repr(self) -> str:
+        return f"heads={self.n_heads}"
