@@ -291,3 +291,13 @@ def test_a_layouts_cost_row_is_its_layers_mean():
     assert row["attention_peak_mb"] == 9.0 and row["train_ms"] is None
     failed = profiling.layout_row("x", rows[:1] + [{**rows[-1], "status": "oom", "message": "too long"}])
     assert (failed["status"], failed["message"]) == ("oom", "too long")
+
+
+def test_the_stacks_preset_builds_every_layout_at_its_depth():
+    from relbench import config
+
+    exp = config.experiment(preset="stacks")
+    assert exp.model.n_layers == 4 and "rope*3,none" in exp.variants
+    for spec in exp.variants:
+        layout = positions.parse(spec).layers(exp.model.n_layers)
+        assert len(layout) == 4 and GPT(dataclasses.replace(exp.model, position=spec)).n_params() > 0
