@@ -20,6 +20,7 @@ notice ("survived") is a gap in the tests.
     python tests/mutation_check.py -k ssmax     # Scalable-Softmax, the training option of every scheme
     python tests/mutation_check.py -k layout    # layouts, windows, sinks, query temperature (positions/spec.py)
     python tests/mutation_check.py -k pope      # polar coordinate position embeddings
+    python tests/mutation_check.py -k path      # PaTH attention (Householder transforms);  -k cable: CABLE
     python tests/mutation_check.py -k stick     # stick-breaking attention
     python tests/mutation_check.py -k random    # randomized positions (VARIANT:random_positions=N)
     python tests/mutation_check.py -k HoPE      # HoPE (RoPE with its slow pairs unrotated)
@@ -152,6 +153,19 @@ MUTATIONS = [
      "return F.softplus(self.gate(x.to(self.gate.weight.dtype))).transpose(1, 2)", ["tests/test_cable.py"]),
     ("cable: q.k divided by sqrt(d) after all", "relbench/positions/fox.py",
      "return q * self.head_dim ** 0.5, k", "return q, k", ["tests/test_cable.py"]),
+    ("path: a query's own token transforms the keys before it (off by one)", "relbench/positions/path.py",
+     "seen = (position >= j).to(u.dtype)[:, None]", "seen = (position > j).to(u.dtype)[:, None]", ["tests/test_path.py"]),
+    ("path: beta in (0, 1), no reflections", "relbench/positions/path.py",
+     "2 * torch.sigmoid(self.bt(x.to(self.bt.weight.dtype)).float())",
+     "torch.sigmoid(self.bt(x.to(self.bt.weight.dtype)).float())", ["tests/test_path.py"]),
+    ("path: the short convolution sees later tokens", "relbench/positions/path.py",
+     "F.pad(w, (self.w_conv.kernel_size[0] - 1, 0))", "F.pad(w, (0, self.w_conv.kernel_size[0] - 1))", ["tests/test_path.py"]),
+    ("path: w not normalised", "relbench/positions/path.py",
+     "w = F.normalize(w.transpose(1, 2).reshape(B, L, self.n_heads, self.head_dim).float(), dim=-1)",
+     "w = w.transpose(1, 2).reshape(B, L, self.n_heads, self.head_dim).float()", ["tests/test_path.py"]),
+    ("path: the plain logits left in the bias", "relbench/positions/path.py",
+     "return ((path - plain) / math.sqrt(rows.shape[-1])).to(self.q.dtype)",
+     "return (path / math.sqrt(rows.shape[-1])).to(self.q.dtype)", ["tests/test_path.py"]),
     ("HoPE keeps the slow pairs rotary and drops the fast", "relbench/positions/rope.py",
      "return torch.where(self.kept(device), inv_freq, torch.zeros_like(inv_freq))",
      "return torch.where(self.kept(device), torch.zeros_like(inv_freq), inv_freq)", HOPE),

@@ -19,6 +19,7 @@ from relbench.positions import (  # noqa: F401  (importing a module registers it
     forms,
     fox,
     kerple,
+    path,
     pope,
     rope,
     rope_forms,
