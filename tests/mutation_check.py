@@ -21,6 +21,7 @@ notice ("survived") is a gap in the tests.
     python tests/mutation_check.py -k layout    # layouts, windows, sinks, query temperature (positions/spec.py)
     python tests/mutation_check.py -k pope      # polar coordinate position embeddings
     python tests/mutation_check.py -k path      # PaTH attention (Householder transforms);  -k cable: CABLE
+    python tests/mutation_check.py -k grape     # GRAPE-A, the key-gated additive bias
     python tests/mutation_check.py -k stick     # stick-breaking attention
     python tests/mutation_check.py -k random    # randomized positions (VARIANT:random_positions=N)
     python tests/mutation_check.py -k HoPE      # HoPE (RoPE with its slow pairs unrotated)
@@ -166,6 +167,17 @@ MUTATIONS = [
     ("path: the plain logits left in the bias", "relbench/positions/path.py",
      "return ((path - plain) / math.sqrt(rows.shape[-1])).to(self.q.dtype)",
      "return (path / math.sqrt(rows.shape[-1])).to(self.q.dtype)", ["tests/test_path.py"]),
+    ("grape-a: the penalty grows toward the query", "relbench/positions/grape.py",
+     "return -distance * self.omega[:, None, None]", "return distance * self.omega[:, None, None]", ["tests/test_grape.py"]),
+    ("grape-a: the rate without the ALiBi slopes", "relbench/positions/grape.py",
+     "F.softplus(self.rate) * self.alibi.to(gate.device)", "F.softplus(self.rate)", ["tests/test_grape.py"]),
+    ("grape-a: u not normalised", "relbench/positions/grape.py",
+     "u = F.normalize(self.u.float(), dim=-1, eps=1e-6)", "u = self.u.float()", ["tests/test_grape.py"]),
+    ("grape-a: the gate's logit not scaled by sqrt(d)", "relbench/positions/grape.py",
+     "(k.float() * u[:, None, :]).sum(-1) / math.sqrt(self.head_dim)", "(k.float() * u[:, None, :]).sum(-1)",
+     ["tests/test_grape.py"]),
+    ("grape-a: the rate's softplus dropped", "relbench/positions/grape.py",
+     "return KeyGatedPlan(gate, F.softplus(self.rate) *", "return KeyGatedPlan(gate, self.rate *", ["tests/test_grape.py"]),
     ("HoPE keeps the slow pairs rotary and drops the fast", "relbench/positions/rope.py",
      "return torch.where(self.kept(device), inv_freq, torch.zeros_like(inv_freq))",
      "return torch.where(self.kept(device), torch.zeros_like(inv_freq), inv_freq)", HOPE),

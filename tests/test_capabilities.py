@@ -25,7 +25,7 @@ OPTION_SPECS = ["xl:k=5", "xl:k=5,shared_heads=true", "xl:k=40,log_from=4,log_bu
                 "xpos:base=100,scale_base=64", "hope:cycles=0.5",
                 "partial_rope:fraction=0.5,base=100",
                 "pope:base=100,bias_uniform_init=true",
-                "path:rank=4,conv_size=2", "sinusoidal:base=100,scale=0.5", "fox:bias_init=2",
+                "path:rank=4,conv_size=2", "grape-a:omega_init=2", "sinusoidal:base=100,scale=0.5", "fox:bias_init=2",
                 "cope:npos_max=5", "dape:base=alibi", "dape:base=kerple,width=4",
                 "bam:shape_init=2,train_mu=true,mu_init=1.5", "bam:scale_init=sampled,shape_init=linear,shared=false",
                 "bam:scale_init=0.25,train_shape=false,shape_init=2,eps=0.5", "stickbreaking:attend_current=true"]

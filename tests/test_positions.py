@@ -70,7 +70,7 @@ def test_bias_variants_include_the_data_dependent_ones():
     """The bias tests below run over BIAS, so they cover Shaw, Transformer-XL, CoPE, DAPE and FoX
     with real queries, keys and layer inputs."""
     assert set(CONTENT) == {"shaw", "transformer-xl", "cope", "dape", "path"} and BATCH <= set(BIAS)
-    assert set(KEYS) == {"cope", "dape", "path"} and set(INPUT) == {"fox", "cable", "path"}
+    assert set(KEYS) == {"cope", "dape", "path", "grape-a"} and set(INPUT) == {"fox", "cable", "path"}
     assert {"xl", "t5", "alibi", "fire"} <= set(BIAS)
 
 
@@ -225,7 +225,7 @@ def test_parametric_variants_are_the_expected_ones():
     A variant gaining or losing parameters must be added here, so it cannot drop out unseen."""
     assert set(PARAMETRIC) == {"learned", "xl", "t5", "t5-log2", "shaw", "dynamic", "fire", "kerple-log",
                                "kerple-power", "transformer-xl", "fox", "cable", "cope", "dape", "bam", "pope",
-                               "path"}
+                               "path", "grape-a"}
     assert set(ALL) - set(PARAMETRIC) == {"none", "sinusoidal", "rope", "hope", "partial_rope", "xpos", "alibi", "sandwich",
                                           "stickbreaking"}
 

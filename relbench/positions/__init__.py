@@ -18,6 +18,7 @@ from relbench.positions import (  # noqa: F401  (importing a module registers it
     fire,
     forms,
     fox,
+    grape,
     kerple,
     path,
     pope,
