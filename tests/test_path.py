@@ -26,7 +26,7 @@ def inputs(length=9, seed=1):
 def test_defaults_are_the_official_codes():
     enc = positions.build("path", n_heads=2, head_dim=4, d_model=8, train_length=16)
     enc.reset_parameters(torch.Generator().manual_seed(0))
-    assert enc.w_down.out_features == 32 and enc.w_conv.kernel_size == (3,) and enc.w_conv.groups == 8
+    assert enc.w_down.out_features == 32 and enc.w_conv.shape == (8, 3)
     assert torch.equal(enc.bt.bias, torch.zeros(2)) and 0.005 < float(enc.w_up.weight.std()) < 0.04
     x = inputs()[0]
     w, beta = enc.transforms(x)
@@ -78,6 +78,15 @@ def test_every_path_and_block_agree_with_gradients():
         grads[name] = [t.grad for t in (qq, kk, vv)]
     for a, b in zip(grads["reference"], grads["chunked"]):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_the_short_convolution_is_a_causal_depthwise_conv1d():
+    from relbench.positions.path import causal_conv
+
+    g = torch.Generator().manual_seed(4)
+    x, kernel = torch.randn(2, 6, 11, generator=g), torch.randn(6, 3, generator=g)
+    conv = torch.nn.functional.conv1d(torch.nn.functional.pad(x, (2, 0)), kernel[:, None, :], groups=6)
+    torch.testing.assert_close(causal_conv(x, kernel), conv)
 
 
 @torch.no_grad()

@@ -45,23 +45,38 @@ class HouseholderPlan(BiasPlan):
 
     def block(self, q_start: int, q_end: int, k_start: int, k_end: int) -> Tensor:
         rows = self.q[..., q_start - self.offset: q_end - self.offset, :].float()      # (B, H, bq, D)
-        position = torch.arange(q_start, q_end, device=rows.device)
-        u, columns = rows, []
-        for j in range(min(q_end, self.k_len) - 1, k_start - 1, -1):     # keys from the last query's backwards
+        keys, bq = self.k.float(), rows.shape[-2]
+        # keys from the last query's backwards. delta holds, for the rows at or after key j (a suffix of
+        # the block), what the transforms since each row's own position have added to its query: a row
+        # joins at its own key with nothing added, and its bias on key j is delta . k_j / sqrt(d) (the
+        # plain q . k left to the attention path, never computed here and taken away)
+        delta, joined, columns = rows[..., bq:, :], bq, []
+        for j in range(min(q_end, self.k_len) - 1, k_start - 1, -1):
+            a = max(0, j - q_start)
+            if a < joined:
+                delta, joined = torch.cat([torch.zeros_like(rows[..., a:joined, :]), delta], dim=-2), a
             if j < k_end:
-                columns.append((u * self.k[..., j, None, :].float()).sum(-1))        # u_j . k_j, (B, H, bq)
-            seen = (position >= j).to(u.dtype)[:, None]                           # rows past key j take H_j
-            step = self.beta[..., j, None, None] * (u * self.w[..., j, None, :]).sum(-1, keepdim=True)
-            u = u - seen * step * self.w[..., j, None, :]
-        path = torch.stack(columns[::-1], dim=-1) if columns else rows.new_zeros(*rows.shape[:-1], 0)
-        path = path[..., : k_end - k_start] if path.shape[-1] >= k_end - k_start else F.pad(
-            path, (0, k_end - k_start - path.shape[-1]))                           # keys after every query
-        plain = rows @ self.k[..., k_start:k_end, :].float().transpose(-2, -1)
-        return ((path - plain) / math.sqrt(rows.shape[-1])).to(self.q.dtype)
+                columns.append(F.pad((delta * keys[..., j, None, :]).sum(-1), (a, 0)))   # (B, H, bq)
+            if j == k_start:      # no key below: H_j would act on nothing (and a graph no loss reaches)
+                break
+            w = self.w[..., j, None, :]
+            step = self.beta[..., j, None, None] * ((rows[..., a:, :] + delta) * w).sum(-1, keepdim=True)
+            delta = delta - step * w
+        columns = columns[::-1] + [rows.new_zeros(rows.shape[:-1])] * (k_end - k_start - len(columns))
+        return (torch.stack(columns, dim=-1) / math.sqrt(rows.shape[-1])).to(self.q.dtype)
 
     @property
     def requires_grad(self) -> bool:
         return any(t.requires_grad for t in (self.q, self.k, self.w, self.beta))
+
+
+def causal_conv(x: Tensor, kernel: Tensor) -> Tensor:
+    """A causal depthwise convolution of x (B, C, L) by kernel (C, K), as nn.Conv1d(C, C, K, groups=C)
+    with K - 1 zeros padded before the sequence: out_t = sum_s kernel[:, s] x_(t - K + 1 + s). Written
+    as K shifted products so that what autograd saves is the same at every batch size."""
+    size, length = kernel.shape[1], x.shape[-1]
+    padded = F.pad(x, (size - 1, 0))
+    return sum(padded[..., s: s + length] * kernel[:, s, None] for s in range(size))
 
 
 @register("path")
@@ -84,15 +99,17 @@ class PathAttention(PositionEncoding):
         width = n_heads * head_dim
         self.w_down = nn.Linear(d_model, rank, bias=False)
         self.w_up = nn.Linear(rank, width, bias=False)
-        self.w_conv = nn.Conv1d(width, width, conv_size, groups=width, bias=False)
+        self.w_conv = nn.Parameter(torch.zeros(width, conv_size))   # a depthwise Conv1d's weight, (H d, 1, K) squeezed
         self.bt = nn.Linear(d_model, n_heads)
 
     def transforms(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """(w (B, H, L, D) unit vectors, beta (B, H, L) in (0, 2)) of the layer input x (B, L, d_model)."""
         B, L, _ = x.shape
         w = self.w_up(self.w_down(x.to(self.bt.weight.dtype))).transpose(1, 2)    # (B, H D, L)
-        w = F.silu(self.w_conv(F.pad(w, (self.w_conv.kernel_size[0] - 1, 0))))    # causal: no later token
-        w = F.normalize(w.transpose(1, 2).reshape(B, L, self.n_heads, self.head_dim).float(), dim=-1)
+        w = F.silu(causal_conv(w, self.w_conv))                                     # causal: no later token
+        # a copy at every batch size (at one sequence reshape would view it, and what autograd saves would
+        # not be linear in the batch: cost/memory.py fits it as a line)
+        w = F.normalize(w.transpose(1, 2).contiguous().view(B, L, self.n_heads, self.head_dim).float(), dim=-1)
         return w.transpose(1, 2), 2 * torch.sigmoid(self.bt(x.to(self.bt.weight.dtype)).float()).transpose(1, 2)
 
     def plan(self, q_len: int, k_len: int, q: Tensor | None = None, k: Tensor | None = None,
@@ -104,9 +121,9 @@ class PathAttention(PositionEncoding):
 
     def reset_parameters(self, generator: torch.Generator) -> None:
         with torch.no_grad():
-            for weight in (self.w_down.weight, self.w_up.weight, self.w_conv.weight, self.bt.weight):
+            for weight in (self.w_down.weight, self.w_up.weight, self.w_conv, self.bt.weight):
                 weight.copy_(torch.randn(weight.shape, generator=generator) * INIT_STD)
             self.bt.bias.zero_()
 
     def extra_repr(self) -> str:
-        return f"heads={self.n_heads}, rank={self.w_down.out_features}, conv={self.w_conv.kernel_size[0]}"
+        return f"heads={self.n_heads}, rank={self.w_down.out_features}, conv={self.w_conv.shape[1]}"
