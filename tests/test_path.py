@@ -36,13 +36,18 @@ def test_defaults_are_the_official_codes():
     torch.testing.assert_close(moved.transforms(x)[1], want.detach())
 
 
-@torch.no_grad()
-def test_the_logits_are_the_product_of_transforms():
-    """q_i^T H_i ... H_(j+1) k_j / sqrt(d), H_t = I - beta_t w_t w_t^T, written out as matrices."""
+def logits_of_path():
+    """q, k, w, beta of 9 positions and PaTH's logits (the plan's bias plus the plain q.k / sqrt(d)), (H, 9, 9)."""
     enc = built()
     x, q, k, _v = inputs()
     w, beta = enc.transforms(x)
-    logits = enc.plan(9, 9, q, k, x).full()[0] + q[0] @ k[0].transpose(-2, -1) / 2
+    return q, k, w, beta, enc.plan(9, 9, q, k, x).full()[0] + q[0] @ k[0].transpose(-2, -1) / 2
+
+
+@torch.no_grad()
+def test_the_logits_are_the_product_of_transforms():
+    """q_i^T H_i ... H_(j+1) k_j / sqrt(d), H_t = I - beta_t w_t w_t^T, written out as matrices."""
+    q, k, w, beta, logits = logits_of_path()
     for h in range(2):
         for i in range(9):
             for j in range(i + 1):
@@ -56,10 +61,7 @@ def test_the_logits_are_the_product_of_transforms():
 @torch.no_grad()
 def test_the_decoding_update_gives_the_same_logits():
     """The official decoding path: before token t's key joins, every past key becomes k - beta_t (k . w_t) w_t."""
-    enc = built()
-    x, q, k, _v = inputs()
-    w, beta = enc.transforms(x)
-    logits = enc.plan(9, 9, q, k, x).full()[0] + q[0] @ k[0].transpose(-2, -1) / 2
+    q, k, w, beta, logits = logits_of_path()
     cache = k[0, :, :0]
     for t in range(9):
         cache = cache - beta[0, :, t, None, None] * (cache * w[0, :, t, None]).sum(-1, keepdim=True) * w[0, :, t, None]
