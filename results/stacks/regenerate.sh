@@ -15,3 +15,9 @@ for seed in $SEEDS; do
     --task perplexity copy --mode nonoverlap --trials 8
 done
 relbench report --run-dir "$RUN"
+# the retrieval forms (results/stacks/retrieval): two layers, the passkey panel's protocol
+for seed in $SEEDS; do
+  relbench train --preset retrieval --seeds "$seed" --variants "rope*1,none" "rope:window=32*1,none" --run-dir "$RUN/retrieval"
+  relbench extrapolate --run-dir "$RUN/retrieval" --seeds "$seed" --task passkey
+done
+relbench report --run-dir "$RUN/retrieval"
