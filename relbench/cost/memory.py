@@ -314,7 +314,7 @@ def training_backend(model: ModelConfig, precision: str) -> str:
         enc = layer.build(**model.position_shape)
         path = choose(enc.plan(2, 2, q, q, x) if enc.adds_bias else None, q, model.train_length, grad=True)
         paths.append("chunked" if (layer.window or layer.sinks) and path != "reference" else path)
-    return min(paths, key=lambda path: ("reference", "chunked").index(path) if path in ("reference", "chunked") else 2)
+    return next((path for path in ("reference", "chunked") if path in paths), paths[0])
 
 
 def saved_bytes(gpt, batch: int, length: int, precision: str) -> int:

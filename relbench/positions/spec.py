@@ -128,7 +128,7 @@ def _tokens(text: str) -> list[list[str]]:
     for item in (s.strip() for s in text.split(",")):
         if not item:
             continue
-        head = _REPEAT.match(item)["body"] if _REPEAT.match(item) else item
+        head = repeat["body"] if (repeat := _REPEAT.match(item)) else item
         opens = ":" in head or ("=" not in head and head in names())
         if opens or not groups:
             groups.append([item])
