@@ -109,6 +109,8 @@ class TrainConfig:
     text_weight: float = 1.0        # passkey: loss weight of every other prediction (0: answers only)
     depth_curriculum: int = 0       # passkey: over this many steps the key moves from near the question to anywhere
     mqar_pairs: int = 4             # mqar: key-value pairs per sequence, each asked for once (relbench/tasks/mqar.py)
+    task_options: dict[str, Any] = field(default_factory=dict)  # a retrieval task's generator options, e.g.
+                                    # {p_ignore = 0.8} for flipflop (each task's module says which it has)
     criterion_accuracy: float = 0.0 # retrieval tasks: stop once validation accuracy at the training length is at
                                     # least this at `criterion_checks` consecutive checks (every eval_every steps);
                                     # `steps` is then the cap. 0: train all `steps` (no criterion)
@@ -144,10 +146,15 @@ class TrainConfig:
             raise UsageError(f"position learning-rate multipliers must be positive numbers, got {scales}")
         if self.precision not in PRECISIONS:
             raise unknown("precision", self.precision, list(PRECISIONS))
-        from relbench.tasks import training_tasks
+        from relbench.tasks import retrieval_task, training_tasks
 
         if self.task not in training_tasks():
             raise unknown("training task", self.task, training_tasks())
+        if self.task == "lm" and self.task_options:
+            raise UsageError(f"task_options ({', '.join(self.task_options)}) set a retrieval task's generator, and this "
+                             f"run trains a language model (task = \"lm\"); remove them or set task")
+        if self.task != "lm":
+            retrieval_task(self.task).options(dataclasses.asdict(self))   # one line on an unknown or bad option
         if min(self.answer_weight, self.text_weight) < 0 or self.answer_weight + self.text_weight <= 0 \
                 or self.depth_curriculum < 0:
             raise UsageError("answer_weight and text_weight must be >= 0 (not both 0), depth_curriculum >= 0")

@@ -15,7 +15,7 @@ from relbench.data.tokenizer import ByteTokenizer
 from relbench.errors import UsageError
 from relbench.evaluation.extrapolate import Job
 from relbench.stats import wilson
-from relbench.tasks import mqar
+from relbench.tasks import TASKS, mqar
 from relbench.training.batches import retrieval_accuracy, training_batch, validation_batches
 
 TOKENIZER = ByteTokenizer()
@@ -221,26 +221,31 @@ def test_training_batches_weight_answers_text_and_random_tokens():
         TrainConfig(task="mqaar")
 
 
+PAIRS3 = {"mqar": {"pairs": 3}, "passkey": {}}
+
+
 @pytest.mark.parametrize("mode", ["train", "eval"])
 def test_retrieval_accuracy_of_recall_oracles_keeps_the_mode(mode):
     stream = np.frombuffer(("Filler text of the validation split, no digits here. " * 100).encode(), dtype=np.uint8)
     for task, context, length in (("mqar", 1, 64), ("passkey", 8, 160)):
         model = Induction(context).train(mode == "train")
-        assert retrieval_accuracy(model, task, stream, length, TOKENIZER, "cpu", trials=10, n_pairs=3) == 1.0
+        assert retrieval_accuracy(model, task, stream, length, TOKENIZER, "cpu", trials=10, options=PAIRS3[task]) == 1.0
         assert model.training == (mode == "train")
         assert retrieval_accuracy(NextToken(fixed=SPACE).train(mode == "train"), task, torch.from_numpy(stream.copy()),
-                                  length, TOKENIZER, "cpu", trials=10, n_pairs=3) == 0.0
-    assert retrieval_accuracy(Induction(1), "mqar", stream, 64, TOKENIZER, "cpu", trials=10, n_pairs=16) == 1.0
+                                  length, TOKENIZER, "cpu", trials=10, options=PAIRS3[task]) == 0.0
+    assert retrieval_accuracy(Induction(1), "mqar", stream, 64, TOKENIZER, "cpu", trials=10, options={"pairs": 16}) == 1.0
     with pytest.raises(UsageError, match="at least 63 tokens, got 60"):   # n_pairs reaches the trials
-        retrieval_accuracy(Induction(1), "mqar", stream, 60, TOKENIZER, "cpu", trials=10, n_pairs=16)
+        retrieval_accuracy(Induction(1), "mqar", stream, 60, TOKENIZER, "cpu", trials=10, options={"pairs": 16})
     with pytest.raises(UsageError, match="retrieval task"):
         retrieval_accuracy(Induction(1), "lm", stream, 64, TOKENIZER, "cpu")
 
 
 def test_job_takes_the_pairs_of_an_mqar_run():
-    assert Job.trained_pairs({"train": {"task": "mqar", "mqar_pairs": 2}}) == 2
-    assert Job.trained_pairs({"train": {"task": "passkey", "mqar_pairs": 2}}) == 4
-    assert Job.trained_pairs({}) == 4
+    def pairs(train):
+        return Job(*[None] * 11, train=train).options(TASKS["mqar"])["pairs"]
+    assert pairs({"task": "mqar", "mqar_pairs": 2}) == 2
+    assert pairs({"task": "passkey", "mqar_pairs": 2}) == 4
+    assert pairs({}) == 4
 
 
 def test_extrapolate_writes_mqar_rows_and_passkey_intervals(tmp_path):

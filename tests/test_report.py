@@ -211,12 +211,13 @@ def test_log_axes_minor_labels_thin_out_over_decades(low, high, minor):
 
 def test_retrieval_heatmaps_only_for_seeds_that_learned(tmp_path):
     from relbench.reporting.plots import retrieval_heatmaps
+    from relbench.tasks import TASKS
 
     rows = pd.DataFrame([{"variant": v, "seed": 0, "length": n, "depth": d, "status": "ok", "correct": c,
                           "trials": 4} for v, c in (("alibi", 4), ("xl", 0)) for n in (128, 512) for d in (0.0, 0.5)])
-    assert retrieval_heatmaps(rows, 128, tmp_path / "none.png", set()) is None       # no seed learned: no plot
+    assert retrieval_heatmaps(rows, 128, tmp_path / "none.png", set(), TASKS["passkey"]) is None       # no seed learned: no plot
     assert not (tmp_path / "none.png").exists()
-    path = retrieval_heatmaps(rows, 128, tmp_path / "one.png", {("alibi", 0)})
+    path = retrieval_heatmaps(rows, 128, tmp_path / "one.png", {("alibi", 0)}, TASKS["passkey"])
     assert path == tmp_path / "one.png" and path.is_file()
 
 

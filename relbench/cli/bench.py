@@ -238,7 +238,7 @@ def bench_against(name: str, variants: list[str] | None, preset: str | None, con
         extrapolate_runs(run_dir, None, specs, "auto", None, device, seeds)
         report_run(run_dir)
     task = panels.task_of(panel)
-    found = reach.run_reach(run_dir, panels.TASK_TABLES[task])
+    found = reach.run_reach(run_dir, panels.task_table(task))
     decided = decisions.decide(found, task, int(panel["model"]["train_length"]))
     for spec in specs:
         console.print(decisions.placement(decided, spec), markup=False)

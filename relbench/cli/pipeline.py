@@ -116,7 +116,7 @@ def extrapolate_runs(run_dir: Path, lengths: list[int] | None, variants: list[st
                   f"({attention} attention, {target})"
                   + (f"; shared by {distributed.world()} processes" if distributed.world() > 1 else ""))
     job = Job(text, tuple(lengths), tuple(modes), stride, tuple(tasks), trials, eval_config.max_batch_tokens, attention,
-              target, splits.tokenizer, force, mqar_pairs=Job.trained_pairs(config), not_learned=not_learned,
+              target, splits.tokenizer, force, train=dict(config.get("train", {})), not_learned=not_learned,
               announce=(lambda line: console.print(line, markup=False)) if distributed.is_main() else None)
     with flush_denormals():
         extrapolate_run(Path(run_dir), trained, job, console)

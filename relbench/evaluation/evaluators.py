@@ -1,15 +1,15 @@
 """How `extrapolate` evaluates each registered task (relbench/tasks): for a variant x seed at one
 length, which of the task's rows are still to do (`todo`), and those rows computed from the model
-(`rows`), as updates of the task's CSV and the lines that report them. `EVALUATORS` holds one per
+(`rows`), as updates of the task's CSV and the lines that report them. `evaluators()` gives one per
 registered task; extrapolate.py plans units of work from them and never names a task.
 
     perplexity  -> extrapolation.csv (a row per length x protocol, see evaluation/perplexity.py) and
                    positions.csv (loss by position bin of each row)
     copy        -> copy.csv     (a row per copy distance; the inputs of the farthest copy of each
                    length have that length, the adjacent copy's go with the first length)
-    passkey     -> passkey.csv  (a row per length x depth)
-    mqar        -> mqar.csv     (per length x depth, a row per distance bin: the queries whose key
-                   is that far back; bins of powers of two, see tasks/mqar.py)
+    a retrieval task (passkey, mqar, ...: relbench/tasks/base.py, RetrievalTask)
+                -> its CSV      (a row per length x condition, e.g. passkey.csv per depth; a binned
+                   task's per distance bin too: mqar.csv, the queries whose key is that far back)
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import abc
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -29,16 +29,13 @@ from relbench.evaluation import perplexity as evaluate
 from relbench.evaluation.perplexity import ScoredText, effective_stride, position_rows, windows
 from relbench.model import GPT
 from relbench.positions import forms
-from relbench.stats import wilson
-from relbench.tasks import Task, copying, mqar, passkey
-from relbench.tasks.base import PERPLEXITY
+from relbench.tasks import Task, copying
+from relbench.tasks.base import PERPLEXITY, Answer, RetrievalTask, retrieval_tasks
 
 POSITIONS_CSV = "positions.csv"
 # a perplexity row's bins go with it: its key but n_tokens, which a bin row holds for the bin (the
 # row's own count as the key made a forced re-evaluation add its bins beside the old ones)
 POSITIONS_KEY = [k for k in PERPLEXITY.key if k != "n_tokens"]
-PASSKEY_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
-MQAR_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 COST = ("bias_ms", "bias_peak_mb", "attention_ms", "attention_peak_mb")
 LONG_COST = 16384   # from this length on, the layer cost is one timed call
 
@@ -66,15 +63,14 @@ class Job:
     device: torch.device
     tokenizer: Any
     force: bool = False
-    mqar_pairs: int = 4     # mqar: key-value pairs per trial (the run's training value when it trained on mqar)
+    train: dict[str, Any] = field(default_factory=dict)   # the run's [train] table: a retrieval task's options
     not_learned: bool = False   # also evaluate a task on models trained to criterion on it that did not learn it
     announce: Callable[[str], None] | None = None   # prints, before a long retrieval cell, its cost per trial
 
-    @staticmethod
-    def trained_pairs(run_config: dict[str, Any]) -> int:
-        """The mqar pairs a run's config.json says its models trained on; 4 for a run of another task."""
-        train = run_config.get("train", {})
-        return int(train.get("mqar_pairs", 4)) if train.get("task") == "mqar" else 4
+    def options(self, task: RetrievalTask) -> dict[str, Any]:
+        """`task`'s generator options: the run's own when it trained on that task (mqar's pairs), its
+        defaults otherwise."""
+        return task.options(self.train)
 
 
 ANNOUNCE_FROM = 16   # a retrieval cell at this many times the training length or more announces its cost first
@@ -277,103 +273,63 @@ class CopyEvaluator(Evaluator):
         return row
 
 
-class PasskeyEvaluator(Evaluator):
-    task = passkey.TASK
+class RetrievalEvaluator(Evaluator):
+    """Any retrieval task (relbench/tasks/base.py, RetrievalTask): per length, a fixed trial set for
+    each of the task's conditions, scored in one pass, its rows by condition (or distance bin)."""
+
+    def __init__(self, task: RetrievalTask):
+        self.task = task
 
     def todo(self, job: Job, index: int, left: Left) -> tuple:
-        return tuple(d for d in PASSKEY_DEPTHS if left({"length": job.lengths[index], "depth": d, "trials": job.trials}))
+        columns = self.task.columns(job.options(self.task))
+        return tuple(v for v in self.task.axis_values
+                     if left({"length": job.lengths[index], self.task.axis: v, "trials": job.trials, **columns}))
 
     def rows(self, model, base, length, items, job, costs, label):
-        rows = self.depth_rows(model, base, length, items, job)
-        shown = " ".join(f"{r['depth']:.2f}:{r['accuracy']:.0%}" if r["status"] == "ok" else r["status"] for r in rows)
-        return ([update(self.task.csv, self.task.key, [row]) for row in rows],
-                [f"{label} passkey L={length:<6} {shown}"])
+        per_value = self.value_rows(model, base, length, items, job)
+        value = "{:.2f}" if self.task.axis == "depth" else "{:g}"
 
-    @staticmethod
-    def depth_rows(model: GPT, base: dict[str, Any], length: int, depths: tuple[float, ...], job: Job) -> list[dict]:
-        """The passkey rows at `length`, one per depth in `depths`."""
+        def accuracy(rows: list[dict]) -> float:
+            return sum(r["correct"] for r in rows) / sum(r[self.task.count] for r in rows)
+        shown = " ".join(f"{value.format(rows[0][self.task.axis])}:{accuracy(rows):.0%}" if rows[0]["status"] == "ok"
+                         else rows[0]["status"] for rows in per_value)
+        return ([update(self.task.csv, self.task.key, rows) for rows in per_value],
+                [f"{label} {self.task.name} L={length:<6} {shown}"])
+
+    def value_rows(self, model: GPT, base: dict[str, Any], length: int, values: tuple[float, ...],
+                   job: Job) -> list[list[dict]]:
+        """The task's rows at `length`, for each condition in `values` (its rows by distance bin, or one
+        pooling its trials; one row with the reason when the length did not run)."""
+        task, options = self.task, job.options(self.task)
         tokens = job.text.tokens.numpy()
         outcome = unfit(model, length, max(1, job.max_batch_tokens // length), job.backend, job.device)
-        if outcome is None and length < passkey.min_length(job.tokenizer):
-            outcome = Skipped("unsupported", f"a passkey trial needs at least {passkey.min_length(job.tokenizer)} tokens")
-        # the full, fixed set of trials, of which the depths still to do are taken: the same keys and
-        # filler whatever was computed before
-        plan = [t for t in passkey.trials(tokens.size, length, list(PASSKEY_DEPTHS), job.trials) if t.depth in depths]
+        shortest = task.min_length(job.tokenizer, options)
+        if outcome is None and length < shortest:
+            outcome = Skipped("unsupported", f"a {task.name} trial needs at least {shortest} tokens")
+        # the full, fixed set of trials, of which the conditions still to do are taken: the same trials
+        # whatever was computed before
+        every = task.trials(tokens.size, length, list(task.axis_values), job.trials, job.tokenizer, options)
+        plan = [t for i, t in enumerate(every) if task.axis_values[i // job.trials] in values]
         if outcome is None:
-            announce_cost(job, "passkey", f"{base['variant']:<12} seed {base['seed']}", base, length, len(plan),
-                          lambda: passkey.accuracy(model, tokens, plan[:1], length, job.tokenizer, job.device,
-                                                   job.max_batch_tokens))
-            outcome = guarded(lambda: passkey.accuracy(model, tokens, plan, length, job.tokenizer, job.device,
-                                                       job.max_batch_tokens), length, job.device)
-        rows = []
-        for i, depth in enumerate(depths):
-            row = {**base, "length": length, "depth": depth, "trials": job.trials, "status": "ok",
-                   "correct": float("nan"), "accuracy": float("nan"), "acc_low": float("nan"),
-                   "acc_high": float("nan"), "message": ""}
-            if isinstance(outcome, Skipped):
-                row.update(status=outcome.status, message=outcome.message)
-            else:
-                correct = sum(outcome[i * job.trials: (i + 1) * job.trials])
-                low, high = wilson(correct, job.trials)
-                row.update(correct=correct, accuracy=correct / job.trials, acc_low=low, acc_high=high)
-            rows.append(row)
-        return rows
-
-
-class MqarEvaluator(Evaluator):
-    task = mqar.TASK
-
-    def todo(self, job: Job, index: int, left: Left) -> tuple:
-        return tuple(d for d in MQAR_DEPTHS if left({"length": job.lengths[index], "depth": d, "trials": job.trials,
-                                                     "n_pairs": job.mqar_pairs}))
-
-    def rows(self, model, base, length, items, job, costs, label):
-        per_depth = self.depth_rows(model, base, length, items, job)
-        shown = " ".join(f"{rows[0]['depth']:.2f}:{sum(r['correct'] for r in rows) / sum(r['queries'] for r in rows):.0%}"
-                         if rows[0]["status"] == "ok" else rows[0]["status"] for rows in per_depth)
-        return ([update(self.task.csv, self.task.key, rows) for rows in per_depth],
-                [f"{label} mqar L={length:<6} {shown}"])
-
-    @staticmethod
-    def depth_rows(model: GPT, base: dict[str, Any], length: int, depths: tuple[float, ...], job: Job) -> list[list[dict]]:
-        """The mqar rows at `length`, for each depth in `depths` one row per distance bin that holds
-        queries (one row with the reason when the length did not run)."""
-        tokens = job.text.tokens.numpy()
-        outcome = unfit(model, length, max(1, job.max_batch_tokens // length), job.backend, job.device)
-        if outcome is None and length < mqar.min_length(job.mqar_pairs):
-            outcome = Skipped("unsupported", f"an mqar trial of {job.mqar_pairs} pairs needs at least "
-                                             f"{mqar.min_length(job.mqar_pairs)} tokens")
-        # the full, fixed set of trials, of which the depths still to do are taken (as for passkey)
-        plan = [t for t in mqar.trials(tokens.size, length, list(MQAR_DEPTHS), job.trials, job.mqar_pairs,
-                                       vocab_size=job.tokenizer.vocab_size) if t.depth in depths]
-        if outcome is None:
-            announce_cost(job, "mqar", f"{base['variant']:<12} seed {base['seed']}", base, length, len(plan),
-                          lambda: mqar.accuracy(model, tokens, plan[:1], length, job.tokenizer, job.device,
-                                                job.max_batch_tokens))
-            outcome = guarded(lambda: mqar.accuracy(model, tokens, plan, length, job.tokenizer, job.device,
-                                                    job.max_batch_tokens), length, job.device)
+            def run(trials: list) -> list[Answer]:
+                return task.answers(model, tokens, trials, length, job.tokenizer, job.device, job.max_batch_tokens,
+                                    options)
+            announce_cost(job, task.name, f"{base['variant']:<12} seed {base['seed']}", base, length, len(plan),
+                          lambda: run(plan[:1]))
+            outcome = guarded(lambda: run(plan), length, job.device)
         out = []
-        for i, depth in enumerate(depths):
-            common = {**base, "length": length, "depth": depth, "trials": job.trials, "n_pairs": job.mqar_pairs}
+        for i, value in enumerate(values):
+            common = {**base, "length": length, task.axis: value, "trials": job.trials, **task.columns(options)}
             if isinstance(outcome, Skipped):
-                out.append([{**common, "distance_low": float("nan"), "distance_high": float("nan"), "queries": 0,
-                             "correct": float("nan"), "accuracy": float("nan"), "acc_low": float("nan"),
-                             "acc_high": float("nan"), "status": outcome.status, "message": outcome.message}])
-                continue
-            answers = [a for a in outcome if i * job.trials <= a.trial < (i + 1) * job.trials]
-            bins: dict[tuple[int, int], list[bool]] = {}
-            for answer in answers:
-                bins.setdefault(mqar.distance_bin(answer.distance), []).append(answer.correct)
-            rows = []
-            for (low, high), correct in sorted(bins.items()):
-                acc_low, acc_high = wilson(sum(correct), len(correct))
-                rows.append({**common, "distance_low": low, "distance_high": high, "queries": len(correct),
-                             "correct": sum(correct), "accuracy": sum(correct) / len(correct), "acc_low": acc_low,
-                             "acc_high": acc_high, "status": "ok", "message": ""})
-            out.append(rows)
+                out.append([task.skipped_row(common, outcome.status, outcome.message)])
+            else:
+                out.append(task.rows(common, [a for a in outcome if i * job.trials <= a.trial < (i + 1) * job.trials]))
         return out
 
 
-# in the order a unit evaluates them (and prints their lines); every registered task has one
-EVALUATORS: dict[str, Evaluator] = {e.task.name: e for e in (PerplexityEvaluator(), CopyEvaluator(),
-                                                            PasskeyEvaluator(), MqarEvaluator())}
+def evaluators() -> dict[str, Evaluator]:
+    """One evaluator per registered task, in the order a unit evaluates them (and prints their lines):
+    perplexity, copy, then every retrieval task as registered (a task registered later, by a plugin or
+    a test, is evaluated as the shipped ones are)."""
+    out: dict[str, Evaluator] = {"perplexity": PerplexityEvaluator(), "copy": CopyEvaluator()}
+    return {**out, **{task.name: RetrievalEvaluator(task) for task in retrieval_tasks()}}

@@ -17,13 +17,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pandas as pd
 import torch
 
 from relbench.errors import RelbenchError
-from relbench.evaluation.evaluators import EVALUATORS, POSITIONS_CSV, POSITIONS_KEY, Job, Update, not_learned
+from relbench.evaluation.evaluators import POSITIONS_CSV, POSITIONS_KEY, Job, Update, evaluators, not_learned
 from relbench.evaluation.perplexity import ScoredText
 from relbench.model import GPT
 from relbench.positions import forms
@@ -62,8 +62,8 @@ def _done(table: pd.DataFrame, row: dict[str, Any], key: list[str]) -> bool:
 @dataclass(frozen=True)
 class Unit:
     """The work on one variant x seed at one length: for each task its items still to do (the
-    perplexity protocols, the copy distances whose inputs have this length, the passkey or mqar
-    depths; see evaluation/evaluators.py), and on the pair's first unit the attention row. Under
+    perplexity protocols, the copy distances whose inputs have this length, each retrieval task's
+    conditions (passkey's depths); see evaluation/evaluators.py), and on the pair's first unit the attention row. Under
     torchrun the units are what the processes share."""
     spec: str
     seed: int
@@ -81,22 +81,25 @@ class Tables:
     """The CSVs `extrapolate` adds rows to, read once. Every rank merges every update (so all hold
     the same tables); only rank 0 writes the CSVs an update changed."""
 
-    KEYS: ClassVar[dict[str, list[str]]] = {**{task.csv: list(task.key) for task in TASKS.values()},
-                                            ATTENTION_CSV: ATTENTION_KEY}
+    @staticmethod
+    def keys() -> dict[str, list[str]]:
+        """Each CSV's row key: every registered task's (read when asked: a task registered after import
+        has its table too) and attention.csv's."""
+        return {**{task.csv: list(task.key) for task in TASKS.values()}, ATTENTION_CSV: ATTENTION_KEY}
 
     def __init__(self, run_dir: Path):
         self.run_dir = Path(run_dir)
-        self.frames = {name: _read(self.run_dir / name, key) for name, key in self.KEYS.items()}
+        self.frames = {name: _read(self.run_dir / name, key) for name, key in self.keys().items()}
         bins = self.run_dir / POSITIONS_CSV
         self.frames[POSITIONS_CSV] = results.read_csv(bins) if bins.is_file() else pd.DataFrame()
 
     def done(self, name: str, row: dict[str, Any]) -> bool:
-        return _done(self.frames[name], row, self.KEYS[name])
+        return _done(self.frames[name], row, self.keys()[name])
 
     @classmethod
     def row(cls, name: str, row: dict[str, Any]) -> Update:
         """The update that puts `row` in place of the one with its key."""
-        return name, {k: row[k] for k in cls.KEYS[name]}, [row]
+        return name, {k: row[k] for k in cls.keys()[name]}, [row]
 
     def merge(self, updates: list[Update]) -> None:
         for name, key, rows in updates:
@@ -109,7 +112,7 @@ class Tables:
 def result_tables() -> dict[str, list[str]]:
     """Every table `extrapolate` writes, with the columns that identify a row (positions.csv: a
     perplexity row's group of bins), for `relbench merge` (runs/merge.py)."""
-    return {**Tables.KEYS, POSITIONS_CSV: POSITIONS_KEY}
+    return {**Tables.keys(), POSITIONS_CSV: POSITIONS_KEY}
 
 
 def checkpoint_of(run_dir: Path, spec: str, seed: int) -> Path:
@@ -139,10 +142,10 @@ def pair_units(tables: Tables, spec: str, seed: int, base: dict[str, Any], job: 
         csv = TASKS[task].csv
         return lambda fields: job.force or not tables.done(csv, {**base, **fields})
 
-    evaluators = [(name, e) for name, e in EVALUATORS.items() if name in job.tasks and name not in skipped]
+    mine = [(name, e) for name, e in evaluators().items() if name in job.tasks and name not in skipped]
     units = []
     for i, length in enumerate(job.lengths):
-        work = tuple((name, items) for name, e in evaluators if (items := e.todo(job, i, left(name))))
+        work = tuple((name, items) for name, e in mine if (items := e.todo(job, i, left(name))))
         units.append(Unit(spec, seed, length, base, work, i == 0 and (job.force or not tables.done(
             ATTENTION_CSV, {**base, "length": base["train_length"]}))))
     return units
@@ -174,7 +177,7 @@ def unit_updates(unit: Unit, model: GPT, job: Job, costs: dict[tuple[str, int], 
     if unit.attention:
         updates.append(Tables.row(ATTENTION_CSV, attention_row(model, base, job.text)))
     for task, items in unit.work:
-        task_updates, task_lines = EVALUATORS[task].rows(model, base, unit.length, items, job, costs, label)
+        task_updates, task_lines = evaluators()[task].rows(model, base, unit.length, items, job, costs, label)
         updates += task_updates
         lines += task_lines
     return updates, lines

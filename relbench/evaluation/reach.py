@@ -152,8 +152,9 @@ def reach_of(rows: pd.DataFrame, count: str, train_lengths: dict[tuple[str, int]
 
 
 def run_reach(run_dir: Path, name: str) -> dict[str, Reach]:
-    """The reach of every variant in a run directory's passkey.csv or mqar.csv, with the seeds that
-    were trained to criterion on that task and did not learn it (not evaluated; empty when none)."""
+    """The reach of every variant in a run directory's table `name` of a retrieval task (passkey.csv,
+    mqar.csv, ...), with the seeds that were trained to criterion on that task and did not learn it
+    (not evaluated; empty when none)."""
     path, task = Path(run_dir) / name, Path(name).stem
     rows = results.read_csv(path) if path.is_file() else pd.DataFrame()
     pairs = [(str(v), int(s)) for v, s in rows[["variant", "seed"]].drop_duplicates().itertuples(index=False)] \
@@ -168,7 +169,9 @@ def run_reach(run_dir: Path, name: str) -> dict[str, Reach]:
     competence = {(v, s): training_competence(run_dir, v, s, config, curves) for v, s in pairs}
     if rows.empty and not any(c is not None for c in competence.values()):
         return {}
-    return reach_of(rows, "queries" if "queries" in rows.columns else "trials", lengths, competence)
+    from relbench.tasks import retrieval_tasks
+    count = next((t.count for t in retrieval_tasks() if t.csv == Path(name).name), "trials")
+    return reach_of(rows, count, lengths, competence)
 
 
 def steps_to_learn(reach: Reach) -> str:

@@ -22,6 +22,7 @@ from relbench.comparisons import t_quantile
 from relbench.evaluation import decisions, reach
 from relbench.runs import panels, results
 from relbench.stats import summarize
+from relbench.tasks import retrieval_tasks
 
 PANEL = "retrieval"          # the shipped panel a bench's retrieval track is checked against
 FINDINGS = "findings.md"     # where bench keeps its closing lines and the panel check
@@ -82,7 +83,7 @@ def panel_checks(run_dir: Path, panel_dir: Path,
     `ours`: the run's reach on that task when the caller has it already."""
     panel_config = results.read_json(panel_dir / results.CONFIG)
     task = panels.task_of(panel_config)
-    table = panels.TASK_TABLES[task]
+    table = panels.task_table(task)
     theirs = reach.run_reach(panel_dir, table)
     ours = reach.run_reach(run_dir, table) if ours is None else ours
     decided = decisions.decide(theirs, task, int(panel_config["model"]["train_length"]))
@@ -133,7 +134,7 @@ def lm_line(lm_dir: Path) -> str | None:
 def run_task_reach(run_dir: Path) -> dict[str, reach.Reach]:
     """The reach of every variant of a retrieval run on its own task; empty for another run."""
     task = results.read_json(run_dir / results.CONFIG).get("train", {}).get("task")
-    return reach.run_reach(run_dir, panels.TASK_TABLES[task]) if task in panels.TASK_TABLES else {}
+    return reach.run_reach(run_dir, panels.task_table(task)) if task in {t.name for t in retrieval_tasks()} else {}
 
 
 def retrieval_line(run_dir: Path, found: dict[str, reach.Reach] | None = None) -> str | None:

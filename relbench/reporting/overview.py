@@ -1,6 +1,6 @@
 """What a reader needs to read a perplexity ratio correctly, side by side per variant: the ratio
 itself, whether the model uses context at a distance (copy), whether it retrieves a key stated
-once (passkey reach), and how far it looks at its training length, with hard windows flagged.
+once (each retrieval task's reach), and how far it looks at its training length, with hard windows flagged.
 
 A flat perplexity ratio can mean "extrapolates" or "never looks further than a few tokens"; the
 other columns tell which.
@@ -18,6 +18,7 @@ from relbench.config import run_data
 from relbench.evaluation import reach as reach_module
 from relbench.runs import machine, results
 from relbench.stats import summarize
+from relbench.tasks import retrieval_tasks
 
 
 def _read(run_dir: Path, name: str) -> pd.DataFrame:
@@ -106,10 +107,11 @@ def window_flag(row) -> str:
 
 def overview(run_dir: Path, summary: pd.DataFrame | None, train_length: int) -> tuple[list[str], list[list[str]]] | None:
     """One row per variant: perplexity at the training length and its ratio at the longest length per
-    mode, the copy ratio inside the training length and at the farthest distance, passkey reach,
+    mode, the copy ratio inside the training length and at the farthest distance, each retrieval task's reach,
     mean attention distance at the training length, and the hard-window flag."""
-    copies, keys, reach = (_read(run_dir, name) for name in ("copy.csv", "passkey.csv", "attention.csv"))
-    frames = [f for f in (summary, copies, keys) if f is not None and not f.empty]
+    copies, reach = (_read(run_dir, name) for name in ("copy.csv", "attention.csv"))
+    keys = {task: rows for task in retrieval_tasks() if not (rows := _read(run_dir, task.csv)).empty}
+    frames = [f for f in (summary, copies, *keys.values()) if f is not None and not f.empty]
     if not frames:
         return None
     variants = list(dict.fromkeys(v for f in frames for v in f["variant"]))
@@ -125,9 +127,8 @@ def overview(run_dir: Path, summary: pd.DataFrame | None, train_length: int) -> 
         inside = [d for d in copies["distance"].unique() if d <= train_length]
         near, far = (max(inside) if inside else None), copies["distance"].max()
         header += ([f"copy d={int(near)}"] if near is not None else []) + ([f"copy d={int(far)}"] if far != near else [])
-    if not keys.empty:
-        header.append("passkey reach")
-        reach_len = reach_module.run_reach(run_dir, "passkey.csv")
+    reaches = {task: reach_module.run_reach(run_dir, task.csv) for task in keys}
+    header += [f"{task.short} reach" for task in keys]
     if not reach.empty:
         header += [f"mean attention distance at {train_length}", "hard window"]
     body = []
@@ -151,8 +152,7 @@ def overview(run_dir: Path, summary: pd.DataFrame | None, train_length: int) -> 
                 here = copies[(copies["variant"] == variant) & (copies["distance"] == d) & (copies["status"] == "ok")]
                 row.append(_interval(list(here["ratio"]), list(here["ratio_low"]), list(here["ratio_high"]))
                            if len(here) else "-")
-        if not keys.empty:
-            row.append(reach_len[variant].cell() if variant in reach_len else "-")
+        row += [found[variant].cell() if variant in found else "-" for found in reaches.values()]
         if not reach.empty:
             mine = reach[(reach["variant"] == variant) & (reach["status"] == "ok")]
             if mine.empty:
@@ -222,19 +222,19 @@ def headline(run_dir: Path, config: dict, summary: pd.DataFrame | None,
     lm_dir, retrieval_dir = tracks(run_dir, config)
     lm_length = int(config["model"]["train_length"])
     copies = _read(lm_dir, "copy.csv") if lm_dir is not None else pd.DataFrame()
-    reaches = {task: reach_module.run_reach(retrieval_dir, f"{task}.csv") if retrieval_dir is not None else {}
-               for task in ("passkey", "mqar")}
+    reaches = {task: reach_module.run_reach(retrieval_dir, task.csv) if retrieval_dir is not None else {}
+               for task in retrieval_tasks()}
     lm_variants = list(summary["variant"].unique()) if summary is not None and not summary.empty else []
-    variants = list(dict.fromkeys(lm_variants + list(reaches["passkey"]) + list(reaches["mqar"])))
+    variants = list(dict.fromkeys(lm_variants + [v for found in reaches.values() for v in found]))
     if not variants:
         return None
     header = ["variant"]
     far = 16 * lm_length
     if lm_variants:
         header += [f"ppl ratio at {far} (16x)", "copy used at d >= 64"]
-    for task, label in (("passkey", "passkey"), ("mqar", "MQAR")):
-        if reaches[task]:
-            header += [f"{label} reach", f"steps to learn {label}"]
+    for task, found in reaches.items():
+        if found:
+            header += [f"{task.short} reach", f"steps to learn {task.short}"]
     if lm_variants:
         header.append(f"attention at {4 * lm_length} (4x), ms")
     used = uses_context(copies, 64) if not copies.empty else {}
@@ -244,9 +244,9 @@ def headline(run_dir: Path, config: dict, summary: pd.DataFrame | None,
         if lm_variants:
             row.append(_ratio_cell(summary, variant, far))
             row.append("-" if variant not in used else (f"yes, up to d={max(used[variant])}" if used[variant] else "no"))
-        for task in ("passkey", "mqar"):
-            if reaches[task]:
-                cells = reach_module.summary_cells(reaches[task], variant)
+        for found in reaches.values():
+            if found:
+                cells = reach_module.summary_cells(found, variant)
                 row += [cells["reach"], cells["steps"]]
         if lm_variants:
             row.append(_cost_cell(rows, variant, 4 * lm_length))
@@ -255,10 +255,10 @@ def headline(run_dir: Path, config: dict, summary: pd.DataFrame | None,
     note = context_note(copies, 64) if not copies.empty else None
     if note:
         notes.append(note)
-    for task in ("passkey", "mqar"):
-        missing = reach_module.competence_note(reaches[task]) if reaches[task] else None
+    for task, found in reaches.items():
+        missing = reach_module.competence_note(found) if found else None
         if missing:
-            notes.append(f"{'Passkey' if task == 'passkey' else 'MQAR'}: {missing}")
+            notes.append(f"{task.label}: {missing}")
     if retrieval_dir is None and lm_variants:
         notes.append(f"No retrieval track in {Path(run_dir) / RETRIEVAL_TRACK} yet (`relbench bench` trains it after the "
                      "language models, and this report is written again with its reach): reach is not measured.")

@@ -6,10 +6,10 @@
   the training length marked;
 - learned_bias.png: the learned bias against relative distance, per head, for every trained
   variant with a learned distance bias (xl, t5, ...), with ALiBi's fixed lines for comparison;
-- passkey.png, mqar.png: retrieval accuracy per variant, length by depth of the key (passkey.csv) or
-  by distance from pair to query (mqar.csv), over the seeds that learned the task at 1x (none
-  when no seed learned it);
-- passkey_curves.png, mqar_curves.png: the task's answer, accuracy against length per scheme in its
+- <task>.png for each retrieval task (passkey.png, mqar.png, ...): accuracy per variant, length by the
+  task's condition (passkey: depth of the key) or, for a binned task, by distance (mqar: from pair to
+  query), over the seeds that learned the task at 1x (none when no seed learned it);
+- <task>_curves.png (passkey_curves.png, ...): the task's answer, accuracy against length per scheme in its
   tier table's order, each learned seed with their range and mean (reporting/curves.py);
 - copy_distance.png: loss with an earlier copy of the text / with unrelated text in its place, against its distance (copy.csv);
 - attention_cost.png: attention time against length per backend, from profile.csv.
@@ -38,6 +38,7 @@ from relbench.positions.base import RelativeBias
 from relbench.reporting import curves
 from relbench.reporting.style import grid, save, style_of
 from relbench.runs import checkpoints, results, rundir
+from relbench.tasks.base import RetrievalTask
 
 PLOTS = "plots"
 
@@ -218,26 +219,27 @@ def attention_cost(profile: pd.DataFrame, path: Path) -> Path | None:
 
 
 def retrieval_heatmaps(rows: pd.DataFrame, train_length: int, path: Path, learned: set[tuple[str, int]],
-                       kind: str = "passkey") -> Path | None:
+                       task: RetrievalTask) -> Path | None:
     """Retrieval accuracy per variant, one panel each: evaluation length (x) by where the answer sits
-    (y: the key's depth for passkey; the distance from pair to query, in power-of-two bins, for MQAR),
+    (y: the task's condition, e.g. the key's depth for passkey; for a binned task the distance of the
+    evidence, in power-of-two bins, e.g. from pair to query for MQAR),
     pooled over the seeds that learned the task at the training length (`learned`: (variant, seed)).
     A variant with no learned seed gets an empty panel titled "not learned"; with no learned seed at
     all (language models asked for a passkey) there is nothing to draw and no plot is written."""
     ok = rows[rows["status"] == "ok"]
     if ok.empty or not any((v, int(s)) in learned for v, s in zip(ok["variant"], ok["seed"])):
         return None
-    ok = ok.assign(place=ok["depth"] if kind == "passkey" else ok["distance_low"])
-    count = "trials" if kind == "passkey" else "queries"
+    ok = ok.assign(place=ok["distance_low"] if task.binned else ok[task.axis])
+    count = task.count
     variants = list(dict.fromkeys(ok["variant"]))
     lengths = sorted(ok["length"].unique())
     places = sorted(ok["place"].unique())
-    fig, axes = grid(len(variants), width=3.4, height=2.8 if kind == "passkey" else 3.4)
+    fig, axes = grid(len(variants), width=3.4, height=3.4 if task.binned else 2.8)
     image = None
     for ax, variant in zip(axes, variants):
         mine = ok[(ok["variant"] == variant) & ok["seed"].map(lambda s, v=variant: (v, int(s)) in learned)]
         ax.set_xticks(range(len(lengths)), [f"{n:g}" + ("*" if n == train_length else "") for n in lengths], fontsize=7)
-        labels = [f"{d:.0%}" for d in places] if kind == "passkey" else [f"{int(d):g}" for d in places]
+        labels = [task.place(d) for d in places]
         ax.set_yticks(range(len(places)), labels, fontsize=6 if len(places) > 8 else 7)
         seeds = mine["seed"].nunique()
         total = ok[ok["variant"] == variant]["seed"].nunique()
@@ -255,10 +257,9 @@ def retrieval_heatmaps(rows: pd.DataFrame, train_length: int, path: Path, learne
                 ax.text(j, i, f"{value:.0%}", ha="center", va="center", fontsize=5 if len(places) > 8 else 6,
                         color="white" if value < 0.6 else "black")
         ax.set_title(f"{variant} ({seeds}/{total} seeds learned)" if total > 1 else variant, fontsize=9)
-    axes[0].set(xlabel="length (* training)", ylabel="depth of the key" if kind == "passkey"
-                else "distance pair -> query (bin from)")
+    axes[0].set(xlabel="length (* training)", ylabel=task.place_label)
     if image is not None:
-        fig.colorbar(image, ax=axes, shrink=0.6, label=f"{kind} accuracy")
+        fig.colorbar(image, ax=axes, shrink=0.6, label=f"{task.name} accuracy")
     return save(fig, path)
 
 
@@ -301,17 +302,17 @@ def render_all(run_dir: Path, config: dict[str, Any], summary: pd.DataFrame | No
             out["learned bias"] = bias
     from relbench.evaluation import decisions
     from relbench.evaluation.reach import run_reach
-    from relbench.tasks import TASKS
+    from relbench.tasks import TASKS, retrieval_tasks
 
-    for name, kind in ((TASKS["passkey"].csv, "passkey"), (TASKS["mqar"].csv, "mqar")):
-        if config and (run_dir / name).is_file():
-            found = run_reach(run_dir, name)
+    for task in retrieval_tasks():
+        if config and (run_dir / task.csv).is_file():
+            found = run_reach(run_dir, task.csv)
             learned = {(v, s) for v, r in found.items() for s in r.learned_seeds}
             train_length = int(config["model"]["train_length"])
-            out[kind] = retrieval_heatmaps(results.read_csv(run_dir / name), train_length,
-                                           folder / f"{kind}.png", learned, kind)
-            out[f"{kind} curves"] = curves.draw(decisions.decide(found, kind, train_length), found,
-                                                folder / f"{kind}_curves.png")
+            out[task.name] = retrieval_heatmaps(results.read_csv(run_dir / task.csv), train_length,
+                                                folder / f"{task.name}.png", learned, task)
+            out[f"{task.name} curves"] = curves.draw(decisions.decide(found, task.name, train_length), found,
+                                                     folder / f"{task.name}_curves.png")
     copy_csv = TASKS["copy"].csv
     if config and (run_dir / copy_csv).is_file():
         out["copy distance"] = copy_distance(results.read_csv(run_dir / copy_csv), int(config["model"]["train_length"]),

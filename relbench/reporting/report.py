@@ -264,12 +264,14 @@ def markdown_table(header: list[str], body: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-TASK_TABLES = (("copy.csv", "Copy distance: loss with an earlier copy of the text / with unrelated text there (1.00: not used)"),
-               ("passkey.csv", "Passkey accuracy (all depths pooled; mean over the seeds that learned, per seed in "
-                               "brackets; one learned seed: its Wilson 95% interval), and reach: the longest length at "
-                               "90% or more"),
-               ("mqar.csv", "MQAR accuracy (all queries pooled; mean over the seeds that learned, per seed in "
-                            "brackets; one learned seed: its Wilson 95% interval), and reach: the longest length at 90% or more"))
+def task_tables() -> list[tuple[str, str]]:
+    """(CSV name, title) of every task table a report can hold: copy distance, then every registered
+    retrieval task's accuracy and reach (relbench/tasks), in registration order."""
+    from relbench.tasks import retrieval_tasks
+    return [("copy.csv", "Copy distance: loss with an earlier copy of the text / with unrelated text there (1.00: not used)"),
+            *((task.csv, task.title()) for task in retrieval_tasks())]
+
+
 HEADLINE_TITLE = ("Headline: does a model that uses its context at the training length still use it longer, "
                   "and at what cost")
 
@@ -282,7 +284,7 @@ def render(run_dir: Path, console: Console, plots: bool = True, margin: float = 
     run_dir = Path(run_dir)
     has_rows = (run_dir / results.EXTRAPOLATION_CSV).is_file()
     has_profile = (run_dir / PROFILE_CSV).is_file()
-    tasks = [(name, title) for name, title in TASK_TABLES if (run_dir / name).is_file()]
+    tasks = [(name, title) for name, title in task_tables() if (run_dir / name).is_file()]
     if not has_rows and not has_profile and not tasks:
         rundir.require_run(run_dir)  # a missing directory, or one that is not a run, says so
         raise RelbenchError(f"{run_dir} has nothing to report yet; run `relbench extrapolate --run-dir {run_dir}` "

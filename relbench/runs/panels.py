@@ -25,7 +25,6 @@ from relbench.errors import RelbenchError, UsageError, unknown
 from relbench.runs import results, runconfig
 
 PANELS_PACKAGE = "relbench.panels"
-TASK_TABLES = {"passkey": "passkey.csv", "mqar": "mqar.csv"}
 EVAL_KEYS = ("trials", "length_multiples", "lengths", "eval_tokens")   # what moves a retrieval figure
 DATA_KEYS = ("dataset", "tokenizer", "stream", "max_train_tokens")
 
@@ -38,13 +37,21 @@ def shipped() -> dict[str, Path]:
 
 def files_of(config: dict[str, Any]) -> list[str]:
     """The files a panel of this configuration consists of."""
-    return [results.CONFIG, results.TRAIN_CSV, results.CHECKSUMS, TASK_TABLES[task_of(config)]]
+    return [results.CONFIG, results.TRAIN_CSV, results.CHECKSUMS, task_table(task_of(config))]
+
+
+def task_table(task: str) -> str:
+    """The CSV of the retrieval task `task` (relbench/tasks)."""
+    from relbench.tasks import retrieval_task
+    return retrieval_task(task).csv
 
 
 def task_of(config: dict[str, Any]) -> str:
     task = config.get("train", {}).get("task")
-    if task not in TASK_TABLES:
-        raise UsageError(f"a panel is a retrieval result (task passkey or mqar); this one trained on {task!r}")
+    from relbench.tasks import retrieval_tasks
+    if task not in [t.name for t in retrieval_tasks()]:
+        raise UsageError(f"a panel is a retrieval result (task {' or '.join(t.name for t in retrieval_tasks())}); "
+                         f"this one trained on {task!r}")
     return task
 
 

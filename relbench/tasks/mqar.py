@@ -30,17 +30,12 @@ block. Reports bin them by powers of two, [1, 2), [2, 4), [4, 8), ... (distance_
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from relbench.errors import UsageError
-from relbench.tasks.base import Task, register_task
-
-# a depth's rows (every distance bin) go together
-TASK = register_task(Task("mqar", "mqar.csv", ("variant", "seed", "length", "depth", "trials", "n_pairs"), "mqar",
-                          "mqar accuracy at a length and depth, per distance bin, with its Wilson interval"))
+from relbench.errors import RelbenchError, UsageError
+from relbench.tasks.base import Answer, RetrievalTask, distance_bin, register_task, spread  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -50,12 +45,6 @@ class Trial:
     order: tuple[int, ...]    # (n_pairs,) the pairs in the order they are asked for (a permutation)
     depth: float              # where the pair block starts, as a fraction of the filler (0 .. 1)
     filler_start: int         # offset of the filler in the token stream
-
-
-class Answer(NamedTuple):
-    trial: int        # index into the trial list
-    distance: int     # tokens from the key in the pair block to the query key
-    correct: bool     # whether the argmax at the query key is its value
 
 
 def alphabet(vocab_size: int) -> tuple[range, range]:
@@ -155,24 +144,18 @@ def trials(stream_size: int, length: int, depths: list[float], per_depth: int, n
     over the stream (the same for every variant, as they depend on nothing else). `vocab_size` is
     the tokenizer's (the alphabet's); sequence() refuses trials drawn for another one."""
     generator = np.random.default_rng(seed)
-    last = max(0, stream_size - length - 1)
     out = []
     for depth in depths:
-        starts = np.linspace(0, last, per_depth + 2)[1:-1] if per_depth > 1 else [last / 2]
-        out += [draw(generator, n_pairs, vocab_size, depth, int(start)) for start in starts]
+        out += [draw(generator, n_pairs, vocab_size, depth, start) for start in spread(stream_size, length, per_depth)]
     return out
-
-
-def distance_bin(distance: int) -> tuple[int, int]:
-    """The power-of-two bin [low, high) that holds `distance` (>= 1): [1, 2), [2, 4), [4, 8), ..."""
-    low = 1 << (int(distance).bit_length() - 1)
-    return low, 2 * low
 
 
 @torch.no_grad()
 def accuracy(model, stream: np.ndarray, trial_list: list[Trial], length: int, tokenizer, device,
              max_batch_tokens: int = 16384) -> list[Answer]:
-    """One Answer per query of every trial (trial by trial, in query order)."""
+    """One Answer per query of every trial (trial by trial, in query order): its distance is the
+    tokens from the key in the pair block to the query key, correct whether the argmax at the query
+    key is its value."""
     model.eval()
     out = []
     per_batch = max(1, max_batch_tokens // length)
@@ -187,3 +170,69 @@ def accuracy(model, stream: np.ndarray, trial_list: list[Trial], length: int, to
         for i, (_, _, distances) in enumerate(batch):
             out += [Answer(b + i, int(d), bool(c)) for d, c in zip(distances, correct[i])]
     return out
+
+
+def training_sequences(tokens: np.ndarray, rng: np.random.Generator, count: int, length: int, tokenizer,
+                       n_pairs: int, lowest_depth: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, list[Trial]]:
+    """Inputs and targets (count, length) of mqar trials with random pairs, depths in
+    [lowest_depth, 1] and filler offsets (the queried values are targets, never inputs:
+    model_inputs), and the trials."""
+    if length < min_length(n_pairs):
+        raise RelbenchError(f"mqar training with {n_pairs} pairs needs sequences of at least "
+                            f"{min_length(n_pairs)} tokens; use a longer --train-length or fewer mqar_pairs")
+    room = length + 1 - 4 * n_pairs
+    rows, asked, drawn = [], [], []
+    for _ in range(count):
+        depth = float(lowest_depth + (1 - lowest_depth) * rng.random())
+        trial = draw(rng, n_pairs, tokenizer.vocab_size, depth, int(rng.integers(0, max(1, tokens.size - room))))
+        tokens_of_trial, queries, _ = sequence(tokens, trial, length, tokenizer)
+        rows.append(tokens_of_trial)
+        asked.append(queries)
+        drawn.append(trial)
+    sequences = np.stack(rows)
+    inputs = model_inputs(sequences, np.stack(asked), filler_token(tokenizer))
+    return torch.from_numpy(inputs), torch.from_numpy(sequences[:, 1:].copy()), drawn
+
+
+def loss_weights(trial_list: list[Trial], length: int, answer_weight: float, text_weight: float) -> torch.Tensor:
+    """(count, L) loss weights of mqar trials: `answer_weight` at the values after query keys,
+    `text_weight` at filler, 0 where the target is a pair-block token or a query key (random)."""
+    w = torch.full((len(trial_list), length), float(text_weight))
+    for row, trial in enumerate(trial_list):
+        n = len(trial.keys)
+        start, query = layout(length, n, trial.depth)
+        w[row, max(0, start - 1): start - 1 + 2 * n] = 0.0     # targets: the pair block's tokens
+        w[row, query - 1::2] = 0.0                               # targets: the query keys
+        w[row, query::2] = float(answer_weight)                  # targets: the queried values
+    return w
+
+
+@dataclass(frozen=True)
+class Mqar(RetrievalTask):
+    """Every query is an answer, binned by its distance; the option `pairs` is [train]'s mqar_pairs."""
+
+    def options(self, train):
+        return {**super().options(train),
+                "pairs": int(train.get("mqar_pairs", 4)) if train.get("task") == self.name else 4}
+
+    def columns(self, options):
+        return {"n_pairs": options["pairs"]}
+
+    def min_length(self, tokenizer, options):
+        return min_length(options["pairs"])
+
+    def trials(self, stream_size, length, values, per_value, tokenizer, options, seed=0):
+        return trials(stream_size, length, values, per_value, options["pairs"], seed, vocab_size=tokenizer.vocab_size)
+
+    def answers(self, model, stream, plan, length, tokenizer, device, max_batch_tokens, options):
+        return accuracy(model, stream, plan, length, tokenizer, device, max_batch_tokens)
+
+    def batch(self, stream, rng, count, length, tokenizer, options, answer_weight, text_weight, lowest):
+        x, y, drawn = training_sequences(stream, rng, count, length, tokenizer, options["pairs"], lowest)
+        return x, y, loss_weights(drawn, length, answer_weight, text_weight)
+
+
+# a depth's rows (every distance bin) go together
+TASK = register_task(Mqar("mqar", "mqar.csv", ("variant", "seed", "length", "depth", "trials", "n_pairs"), "mqar",
+                          "mqar accuracy at a length and depth, per distance bin, with its Wilson interval",
+                          label="MQAR", short="MQAR", binned=True, place_label="distance pair -> query (bin from)"))

@@ -24,11 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from relbench.errors import UsageError
-from relbench.tasks.base import Task, register_task
+from relbench.errors import RelbenchError, UsageError
+from relbench.tasks.base import Answer, RetrievalTask, register_task, spread
 
-TASK = register_task(Task("passkey", "passkey.csv", ("variant", "seed", "length", "depth", "trials"), "passkey",
-                          "passkey accuracy at a length and depth, with its Wilson interval"))
 STATEMENT = "The pass key is {key}. Remember it. {key} is the pass key. "
 QUESTION = " What is the pass key? The pass key is "
 DIGITS = 5
@@ -88,13 +86,11 @@ def trials(stream_size: int, length: int, depths: list[float], per_depth: int, s
     """A fixed, seeded set of trials: for each depth, `per_depth` keys and filler offsets spread over
     the stream (the same for every variant, as they depend on nothing else)."""
     generator = np.random.default_rng(seed)
-    last = max(0, stream_size - length - 1)
     out = []
     for depth in depths:
-        starts = np.linspace(0, last, per_depth + 2)[1:-1] if per_depth > 1 else [last / 2]
-        for start in starts:
+        for start in spread(stream_size, length, per_depth):
             key = "".join(str(d) for d in generator.integers(0, 10, DIGITS))
-            out.append(Trial(key, float(depth), int(start)))
+            out.append(Trial(key, float(depth), start))
     return out
 
 
@@ -112,3 +108,48 @@ def accuracy(model, stream: np.ndarray, trial_list: list[Trial], length: int, to
         logits = model(tokens[:, :-1])[:, answer]                                         # (B, DIGITS, V)
         out += (logits.argmax(-1) == tokens[:, 1:][:, answer]).all(-1).tolist()
     return out
+
+
+def training_sequences(tokens: np.ndarray, rng: np.random.Generator, count: int, length: int, tokenizer,
+                       lowest_depth: float = 0.0) -> tuple[np.ndarray, slice]:
+    """(count, length + 1) passkey trials with random keys, depths in [lowest_depth, 1] and filler
+    offsets, and the slice of target positions that hold the answer."""
+    room = length + 1 - min_length(tokenizer)
+    if room < 0:
+        raise RelbenchError(f"passkey training needs sequences of at least {min_length(tokenizer)} tokens; "
+                         f"use a longer --train-length")
+    rows, answer = [], slice(0, 0)
+    for _ in range(count):
+        key = "".join(str(d) for d in rng.integers(0, 10, DIGITS))
+        depth = float(lowest_depth + (1 - lowest_depth) * rng.random())
+        trial = Trial(key, depth, int(rng.integers(0, max(1, tokens.size - room))))
+        tokens_of_trial, answer = sequence(tokens, trial, length, tokenizer)
+        rows.append(tokens_of_trial)
+    return np.stack(rows), answer
+
+
+@dataclass(frozen=True)
+class Passkey(RetrievalTask):
+    """One trial is one answer (all five digits right); a row per length x depth pools its trials."""
+
+    def min_length(self, tokenizer, options):
+        return min_length(tokenizer)
+
+    def trials(self, stream_size, length, values, per_value, tokenizer, options, seed=0):
+        return trials(stream_size, length, values, per_value, seed)
+
+    def answers(self, model, stream, plan, length, tokenizer, device, max_batch_tokens, options):
+        return [Answer(i, None, ok) for i, ok in enumerate(accuracy(model, stream, plan, length, tokenizer, device,
+                                                                    max_batch_tokens))]
+
+    def batch(self, stream, rng, count, length, tokenizer, options, answer_weight, text_weight, lowest):
+        sequences, answer = training_sequences(stream, rng, count, length, tokenizer, lowest)
+        window = torch.from_numpy(sequences)
+        weights = torch.full((count, length), float(text_weight))
+        weights[:, answer] = float(answer_weight)
+        return window[:, :-1], window[:, 1:], weights
+
+
+TASK = register_task(Passkey("passkey", "passkey.csv", ("variant", "seed", "length", "depth", "trials"), "passkey",
+                             "passkey accuracy at a length and depth, with its Wilson interval", label="Passkey",
+                             short="passkey"))

@@ -28,6 +28,7 @@ from relbench.data import Splits
 from relbench.model import GPT
 from relbench.positions import forms
 from relbench.runs import checkpoints, distributed
+from relbench.tasks import retrieval_task
 from relbench.training.batches import random_positions, retrieval_accuracy, training_batch, validation_batches
 from relbench.training.state import PACE_STEPS, Clock, TrainingState, resumed
 from relbench.training.step import forward_backward, lr_at, make_optimizer, optimizer_step, position_lr, validation_loss
@@ -204,7 +205,8 @@ def validate(loop: Loop, state: TrainingState, done: int) -> tuple[bool, float]:
         state.val = validation_loss(loop.model, loop.val_batches, loop.device)
         if config.task != "lm":
             accuracy = retrieval_accuracy(loop.model, config.task, loop.splits.validation, loop.length,
-                                          loop.splits.tokenizer, loop.device, config.criterion_trials, config.mqar_pairs)
+                                          loop.splits.tokenizer, loop.device, config.criterion_trials,
+                                          retrieval_task(config.task).options(dataclasses.asdict(config)))
             state.checks.append((done, accuracy))
     return check, accuracy
 

@@ -25,7 +25,7 @@ from relbench.data import load_splits
 from relbench.runs import checkpoints
 from relbench.stats import wilson
 from relbench.tasks import passkey
-from relbench.training.batches import RETRIEVAL_DEPTHS, random_positions
+from relbench.training.batches import random_positions
 
 TRIALS_PER_DEPTH = 14        # 70 trials, as the evaluation's passkey cells
 DRAW_SEED = 7                # the positions' generator (seeded by trial batch); not a training seed
@@ -61,7 +61,7 @@ def main() -> None:
             continue
         model = checkpoints.load_model(folder)
         length = meta["model"]["train_length"]
-        plan = passkey.trials(stream.size, length, list(RETRIEVAL_DEPTHS), TRIALS_PER_DEPTH)
+        plan = passkey.trials(stream.size, length, list(passkey.TASK.axis_values), TRIALS_PER_DEPTH)
         for placement, scored in (("0 .. L-1", model), (f"drawn from [0, {limit})", Drawn(model, limit))):
             with torch.no_grad():
                 correct = passkey.accuracy(scored, stream, plan, length, splits.tokenizer, "cpu")

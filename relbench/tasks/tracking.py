@@ -1,0 +1,276 @@
+"""Variable tracking (Hsieh et al. 2024, "RULER: What's the Real Context Size of Your Long-Context
+Language Models?", arXiv 2404.06654, its task VT): a chain of assignments hidden in filler text,
+the first giving a variable a value and each next one assigning the previous variable to a new one;
+the question asks for every variable that holds the value.
+
+    ... filler A=1234; filler C=5678; filler D=C; filler B=A; filler E=D; filler F=B; filler ?1234:A B F
+        '-- the chain: A=1234, B=A, F=B (2 hops) --'    '-- the distractor: C=5678, D=C, E=D --'
+
+Source. The paper describes the task as statements "VAR X1 = 12345", "VAR X2 = X1", ... inserted
+into a noise haystack, with the instruction to find all variables assigned the value; its generator
+has a number of hops and a number of chains (`num_chains`: further chains of the same form with
+other values, of which only one is asked about, so the rest are distractors). As this module's
+author recalls the paper, its main configuration is 1 chain of 4 hops with 5-digit values. Its
+official code, github.com/NVIDIA/RULER, was not read here: the format below is this module's own.
+
+Choices (and why):
+- Statements are compact, `X=1234;` and `Y=X;` (no `VAR`, no spaces), variables single capital
+  letters A-Z, values DIGITS = 4 digits, the question `?1234:` and the answer the chain's variables
+  in assignment order separated by spaces, `A B F`. RULER's spelled-out form ("VAR X1 = 12345", "Find
+  all variables ...") takes ~15 tokens a statement with byte tokens; this one fits 4 hops plus a
+  distractor chain in a window of 64 (the mqar preset's training length) with 4 tokens of filler.
+- One distractor chain by default (`task_options = {distractors = N}`, 0 to 4; it is a column of the
+  rows), with the same number of hops, its statements interleaved with the chain's in a random
+  order: the statement nearest the question is as likely the distractor's as the chain's, so only
+  following the chain from the asked value answers. Every variable of a trial is distinct, and the
+  distractors' values differ from the asked one, so no distractor variable holds it.
+- `hops` is the task's condition (1, 2, 3, 4): a chain of hops + 1 variables.
+- Filler is real text of the split being used (like passkey and mqar), from
+  `stream[filler_start: ...]`, with every token that contains a digit or `=` replaced by the
+  tokenizer's space: the only digits are the values and the question's, the only `=` the statements',
+  so the asked value and its statements cannot be confused with the text. Capital letters stay in the
+  filler: a variable is the letter right before a `=`, which the filler never has.
+- Statements go at random places of the filler (each place a fraction of it, sorted, so statements
+  keep their order and may stand next to each other); the question and answer end the window.
+
+Tokens: every character of the task (the letters, digits, `=;?:` and the space) is one token (bytes,
+or a byte-level BPE that keeps them; encoded one by one), so a trial's layout is the same for every
+tokenizer: the fixed part is chains * (DIGITS + 3 + 4 * hops) statement tokens, the question
+DIGITS + 2, the answer 2 * hops + 1. A window (inputs) must hold all of them but the last answer
+token: min_length = chains * (DIGITS + 3 + 4 * hops) + DIGITS + 2 * hops + 2, with one distractor
+(2 chains) 20 + 10 * hops: 30, 40, 50, 60 tokens at 1, 2, 3, 4 hops (37 at 4 hops without a
+distractor). `min_length` of the task is that of the most hops in axis_values, so a length that is
+too short for it is skipped as a whole ("unsupported"); `answers` and `batch` refuse a window too
+short for their trials in one line that names the length needed. `trials` does not (its trials do
+not depend on the length but for their filler offsets): the evaluator draws the whole fixed set at
+every length, a length it then skips as too short included.
+
+Answers: teacher-forced, one per variable of the chain (`hops + 1` per trial, rows per distance bin):
+the variable is right when the argmax at the token before it (the `:` for the first, the space before
+it for the others) is its letter. The earlier variables are inputs, as when a model writes its own
+answer. Its distance: the tokens from the start of the statement that assigns it to the start of the
+question (`?`), at least the statement's own length; reports bin it by powers of two (distance_bin).
+
+Training (`batch`): random trials, hops drawn uniformly from axis_values for each trial (no option),
+the distractors of the run's options, the answer letters weighted `answer_weight`, every other
+target `text_weight`. The curriculum `lowest` is ignored: a chain has no depth to start near.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from relbench.errors import RelbenchError, UsageError
+from relbench.tasks.base import Answer, RetrievalTask, register_task, spread
+
+LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"   # the variables' names, one token each
+DIGITS = 4                                # digits of a value, one token each
+CHARACTERS = LETTERS + "0123456789=;?: "  # every character a trial puts in besides filler
+CLEANED = "0123456789="                   # filler tokens holding one of these become the space
+HOPS = (1, 2, 3, 4)                       # the conditions evaluated (and drawn for training)
+DISTRACTORS = 1                           # distractor chains by default
+
+
+@dataclass(frozen=True)
+class Trial:
+    values: tuple[str, ...]                # (chains,) each chain's value, DIGITS digits; chain 0 is asked for
+    names: tuple[tuple[str, ...], ...]     # (chains, hops + 1) each chain's variables, in assignment order
+    order: tuple[int, ...]                 # (chains * (hops + 1),) the chain of each statement, in text order
+    places: tuple[float, ...]              # (chains * (hops + 1),) sorted: where each statement goes, in [0, 1]
+    filler_start: int                      # offset of the filler in the token stream
+
+    @property
+    def hops(self) -> int:
+        return len(self.names[0]) - 1
+
+
+_SYMBOLS: dict[str, dict[str, int]] = {}
+_CLEAN: dict[str, np.ndarray] = {}
+
+
+def symbols(tokenizer) -> dict[str, int]:
+    """The token of each character of CHARACTERS; one line when the tokenizer does not keep one whole."""
+    if tokenizer.fingerprint not in _SYMBOLS:
+        out = {}
+        for char in CHARACTERS:
+            token = np.asarray(tokenizer.encode(char))
+            if token.size != 1:
+                raise UsageError(f"tokenizer {tokenizer.name} does not encode {char!r} as one token, which the "
+                                 f"tracking task needs; use bytes or a byte-level BPE")
+            out[char] = int(token[0])
+        _SYMBOLS[tokenizer.fingerprint] = out
+    return _SYMBOLS[tokenizer.fingerprint]
+
+
+def cleaned(tokenizer) -> np.ndarray:
+    """(vocab_size,) bool: the tokens whose text holds a digit or `=` (replaced by the space in filler)."""
+    if tokenizer.fingerprint not in _CLEAN:
+        if tokenizer.vocab_size == 256 and tokenizer.name == "bytes":
+            mask = np.isin(np.arange(256), [ord(c) for c in CLEANED])
+        else:
+            mask = np.asarray([any(c in tokenizer.decode([t]) for c in CLEANED) for t in range(tokenizer.vocab_size)])
+        _CLEAN[tokenizer.fingerprint] = mask
+    return _CLEAN[tokenizer.fingerprint]
+
+
+def min_length(hops: int, chains: int) -> int:
+    """The shortest window (inputs) holding a trial of `hops` and `chains` chains without filler: its
+    statements, question and answer, less the last answer token (a target only)."""
+    return chains * (DIGITS + 3 + 4 * hops) + DIGITS + 2 * hops + 2
+
+
+def statement(name: str, value: str) -> str:
+    """`X=1234;` or `Y=X;`."""
+    return f"{name}={value};"
+
+
+def encode(text: str, table: dict[str, int]) -> list[int]:
+    return [table[c] for c in text]
+
+
+def sequence(stream: np.ndarray, trial: Trial, length: int, tokenizer) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(length + 1,) tokens: inputs are the first `length`, targets the last `length`; the (hops + 1,)
+    target positions of the answer's variables (the input index of the token before each); and the
+    (hops + 1,) distance of each from the start of the statement that assigns it to the question."""
+    chains, hops = len(trial.names), trial.hops
+    shortest = min_length(hops, chains)
+    if length < shortest:
+        raise UsageError(f"tracking with {hops} hops and {chains - 1} distractor chains needs windows of at least "
+                         f"{shortest} tokens, got {length}")
+    table = symbols(tokenizer)
+    room = length - shortest                                  # filler tokens
+    filler = np.asarray(stream[trial.filler_start: trial.filler_start + room], dtype=np.int64)
+    if filler.size < room:
+        raise UsageError(f"the text has too few tokens after offset {trial.filler_start} for {room} tokens of "
+                         f"tracking filler")
+    filler = np.where(cleaned(tokenizer)[filler], table[" "], filler)
+    texts, starts, seen = [], {}, [0] * chains
+    for c in trial.order:                                      # the statements in text order
+        j = seen[c]
+        texts.append((c, j, statement(trial.names[c][j], trial.values[c] if j == 0 else trial.names[c][j - 1])))
+        seen[c] += 1
+    parts, at, size = [], 0, 0
+    for (c, j, text), place in zip(texts, trial.places):
+        cut = min(room, int(place * (room + 1)))
+        parts.append(filler[at: cut])
+        size += cut - at
+        starts[c, j] = size
+        parts.append(np.asarray(encode(text, table), dtype=np.int64))
+        size += len(text)
+        at = cut
+    question = f"?{trial.values[0]}:"
+    parts += [filler[at:], np.asarray(encode(question + " ".join(trial.names[0]), table), dtype=np.int64)]
+    tokens = np.concatenate(parts)
+    asked = size + room - at                                   # where the question starts
+    targets = asked + len(question) - 1 + 2 * np.arange(hops + 1)
+    distances = np.asarray([asked - starts[0, j] for j in range(hops + 1)])
+    return tokens, targets, distances
+
+
+def draw(rng: np.random.Generator, hops: int, chains: int, filler_start: int) -> Trial:
+    """A random trial: distinct variables across all chains, distinct values, the chains' statements
+    interleaved in a random order at random places."""
+    if not 1 <= hops or chains * (hops + 1) > len(LETTERS):
+        raise UsageError(f"tracking needs hops >= 1 and (hops + 1) * chains <= {len(LETTERS)} variables, got {hops} "
+                         f"hops and {chains} chains")
+    letters = rng.choice(len(LETTERS), chains * (hops + 1), replace=False)
+    names = tuple(tuple(LETTERS[int(k)] for k in letters[c * (hops + 1): (c + 1) * (hops + 1)]) for c in range(chains))
+    values = tuple(f"{int(v):0{DIGITS}d}" for v in rng.choice(10 ** DIGITS, chains, replace=False))
+    order = tuple(int(c) for c in rng.permutation(np.repeat(np.arange(chains), hops + 1)))
+    places = tuple(float(p) for p in np.sort(rng.random(chains * (hops + 1))))
+    return Trial(values, names, order, places, int(filler_start))
+
+
+def trials(stream_size: int, length: int, hops: list[float], per_value: int, chains: int, seed: int = 0) -> list[Trial]:
+    """A fixed, seeded set of trials: for each hop count, `per_value` trials with filler offsets spread
+    over the stream (the same for every variant, as they depend on nothing else)."""
+    generator = np.random.default_rng(seed)
+    out = []
+    for value in hops:
+        out += [draw(generator, int(value), chains, start) for start in spread(stream_size, length, per_value)]
+    return out
+
+
+@torch.no_grad()
+def accuracy(model, stream: np.ndarray, trial_list: list[Trial], length: int, tokenizer, device,
+             max_batch_tokens: int = 16384) -> list[Answer]:
+    """One Answer per variable of each trial's chain (trial by trial, in assignment order): its
+    distance from its statement to the question, correct whether the argmax before it is its letter."""
+    model.eval()
+    out = []
+    per_batch = max(1, max_batch_tokens // length)
+    for b in range(0, len(trial_list), per_batch):
+        batch = [sequence(stream, t, length, tokenizer) for t in trial_list[b: b + per_batch]]
+        tokens = torch.from_numpy(np.stack([tokens for tokens, _, _ in batch])).to(device)      # (B, length + 1)
+        predicted = model(tokens[:, :-1]).argmax(-1)                                          # (B, length)
+        for i, (_, targets, distances) in enumerate(batch):
+            at = torch.from_numpy(targets).to(device)
+            correct = (predicted[i, at] == tokens[i, 1:][at]).tolist()
+            out += [Answer(b + i, int(d), bool(c)) for d, c in zip(distances, correct)]
+    return out
+
+
+def training_sequences(stream: np.ndarray, rng: np.random.Generator, count: int, length: int, tokenizer,
+                       hops: tuple[int, ...], chains: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """(count, length + 1) random trials, each of hops drawn uniformly from `hops`, and the answer's
+    target positions of each."""
+    shortest = min_length(max(hops), chains)
+    if length < shortest:
+        raise RelbenchError(f"tracking training with {max(hops)} hops and {chains - 1} distractor chains needs "
+                            f"sequences of at least {shortest} tokens; use a longer --train-length")
+    rows, answers = [], []
+    for _ in range(count):
+        h = int(hops[int(rng.integers(0, len(hops)))])
+        room = length - min_length(h, chains)
+        trial = draw(rng, h, chains, int(rng.integers(0, max(1, stream.size - room))))
+        tokens, targets, _ = sequence(stream, trial, length, tokenizer)
+        rows.append(tokens)
+        answers.append(targets)
+    return np.stack(rows), answers
+
+
+@dataclass(frozen=True)
+class Tracking(RetrievalTask):
+    """Every variable of the chain is an answer, binned by its distance; the option `distractors` is
+    the number of distractor chains (a column of the rows)."""
+
+    def check(self, options):
+        value, most = options["distractors"], len(LETTERS) // (max(self.axis_values) + 1) - 1
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= most:
+            raise UsageError(f"task_options.distractors must be an integer from 0 to {most} (every variable of "
+                             f"{max(self.axis_values)} hops distinct among {len(LETTERS)} letters), got {value}")
+
+    def columns(self, options):
+        return {"distractors": options["distractors"]}
+
+    def min_length(self, tokenizer, options):
+        symbols(tokenizer)
+        return min_length(int(max(self.axis_values)), options["distractors"] + 1)
+
+    def trials(self, stream_size, length, values, per_value, tokenizer, options, seed=0):
+        return trials(stream_size, length, values, per_value, options["distractors"] + 1, seed)
+
+    def answers(self, model, stream, plan, length, tokenizer, device, max_batch_tokens, options):
+        return accuracy(model, stream, plan, length, tokenizer, device, max_batch_tokens)
+
+    def batch(self, stream, rng, count, length, tokenizer, options, answer_weight, text_weight, lowest):
+        sequences, answers = training_sequences(stream, rng, count, length, tokenizer,
+                                                tuple(int(h) for h in self.axis_values), options["distractors"] + 1)
+        window = torch.from_numpy(sequences)
+        weights = torch.full((count, length), float(text_weight))
+        for row, targets in enumerate(answers):
+            weights[row, torch.from_numpy(targets)] = float(answer_weight)
+        return window[:, :-1], window[:, 1:], weights
+
+
+# a hop count's rows (every distance bin) go together
+KEY = ("variant", "seed", "length", "hops", "trials", "distractors")
+ABOUT = ("variable-tracking accuracy at a length and number of hops, per distance bin from a variable's assignment to "
+         "the question, with its Wilson interval")
+TASK = register_task(Tracking("tracking", "tracking.csv", KEY, "tracking", ABOUT, label="Variable tracking",
+                              short="tracking", axis="hops", axis_values=HOPS, binned=True,
+                              place_label="distance assignment -> question (bin from)",
+                              defaults={"distractors": DISTRACTORS}))
