@@ -58,7 +58,8 @@ def test_layer_and_model_options_are_typed():
     ("none:temperature_floor=4", 2, "add temperature=llama4"),
     ("none:temperature=hot", 2, "temperature=hot"),
     ("xl:position_lr_scale=2*1,none:position_lr_scale=3", 2, "give it once"),
-    ("xl:random_positions=512*1,none", 2, '"none" cannot place its tokens'),
+    ("fox:random_positions=512*1,none", 2, '"fox" cannot place its tokens'),
+    ("none:random_positions=512", 2, '"none" cannot place its tokens'),
     ("xl:k=64,foo", 2, 'option "foo" in variant "xl:k=64,foo" needs a value'),
     ("rope*1,nope:window=3", 2, "nope"),
     ("rope:window=8,none", 2, 'a layout (a scheme per layer) counts its layers, e.g. "rope:window=8*1,none"'),
@@ -301,3 +302,18 @@ def test_the_stacks_preset_builds_every_layout_at_its_depth():
     for spec in exp.variants:
         layout = positions.parse(spec).layers(exp.model.n_layers)
         assert len(layout) == 4 and GPT(dataclasses.replace(exp.model, position=spec)).n_params() > 0
+
+
+def test_random_positions_in_a_layout_reach_the_layers_that_place_them():
+    """rope layers read the drawn positions; a none layer has nothing to place and reads none: the
+    layout trains with randomized positions, and its rope layer sees them (the logits move)."""
+    model = GPT(ModelConfig(vocab_size=256, d_model=32, n_layers=2, n_heads=2, train_length=16,
+                            position="rope:random_positions=64*1,none"))
+    assert model.random_positions == 64
+    tokens = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
+    drawn = torch.stack([torch.sort(torch.randperm(64, generator=torch.Generator().manual_seed(s))[:16]).values
+                         for s in (1, 2)])
+    moved = model(tokens, positions=drawn)
+    assert moved.shape == (2, 16, 256) and not torch.allclose(moved, model(tokens))
+    shifted = model(tokens, positions=torch.arange(16).expand(2, 16) + 5)     # rope is relative: a shift is nothing
+    assert torch.allclose(shifted, model(tokens), atol=1e-5)

@@ -114,7 +114,7 @@ class PositionEncoding(nn.Module):
     def placed(self, positions: Tensor | None) -> dict[str, Tensor]:
         """The keyword arguments that hand `positions` to embed/rotate/plan ({} for ordinary ones), or
         a UsageError when given positions reach a scheme that does not declare `takes_positions`."""
-        if positions is None:
+        if positions is None or self.family == "none":   # none has nothing to place (a layout's NoPE layer)
             return {}
         if not self.takes_positions:
             raise UsageError(f'"{self.name}" cannot place its tokens at given positions (it does not declare takes_positions)')

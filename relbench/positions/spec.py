@@ -188,7 +188,10 @@ def _model_options(given: list[dict[str, Any]], pattern: tuple[Layer, ...], spec
     drawn = merged.get("random_positions", 0)
     if drawn < 0:
         raise UsageError(f"random_positions {where} must be 0 (off) or the number of positions N to draw from, got {drawn}")
-    unplaced = [layer.cls for layer in pattern if not layer.cls.takes_positions]
+    # a layer without a position representation (none) has nothing to place and reads no positions;
+    # every other layer must take them, and at least one layer must
+    unplaced = [layer.cls for layer in pattern if not layer.cls.takes_positions and layer.cls.family != "none"]
+    unplaced = unplaced or ([pattern[0].cls] if not any(layer.cls.takes_positions for layer in pattern) else [])
     if drawn and unplaced:
         cls = unplaced[0]
         raise UsageError(f'random_positions {where}: "{cls.name}" cannot place its tokens at chosen positions '
