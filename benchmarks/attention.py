@@ -131,7 +131,8 @@ def paired_ratios(specs: list[str], lengths: list[int], batch: int, heads: int, 
                                 q_rot, plan = scalable_softmax(q_rot, plan, torch.ones(heads, device=device), length,
                                                                layer.ssmax_bias)
                             sinks = torch.zeros(heads, device=device) if layer.sinks else None
-                            out = scheme_attention(position, q_rot, k_rot, v, plan, "auto", layer.window, sinks)
+                            out = scheme_attention(position, q_rot, k_rot, v, plan, "auto", layer.window, sinks,
+                                                   layer.chunk)
                         if backward:
                             out.float().sum().backward()
 

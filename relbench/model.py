@@ -43,8 +43,8 @@ class SelfAttention(nn.Module):
         # times s_h log n_i (n_i = i + 1 keys), s_h learned per layer and head from 1 (BAM's bam_ssmax)
         self.ssmax = nn.Parameter(torch.ones(config.n_heads)) if layer.ssmax else None
         self.ssmax_bias = layer.ssmax_bias     # false: the content logits only
-        # the layer options of positions/spec.py: a sliding window, a sink logit per head, a query temperature
-        self.window = layer.window
+        # the layer options of positions/spec.py: a sliding window, chunks, a sink logit per head, a query temperature
+        self.window, self.chunk = layer.window, layer.chunk
         self.sinks = nn.Parameter(torch.zeros(config.n_heads)) if layer.sinks else None
         self.layer = layer
 
@@ -60,7 +60,7 @@ class SelfAttention(nn.Module):
                                       q.device).to(q.dtype)[:, None]
         if observe is not None:
             observe(q, k, plan)
-        y = scheme_attention(position, q, k, v, plan, backend, self.window, self.sinks)   # (B, H, L, Dh)
+        y = scheme_attention(position, q, k, v, plan, backend, self.window, self.sinks, self.chunk)   # (B, H, L, Dh)
         return self.proj(y.transpose(1, 2).reshape(B, L, D))                  # (B, L, D)
 
 

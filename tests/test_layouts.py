@@ -13,7 +13,7 @@ from helpers import layer_input
 from typer.testing import CliRunner
 
 from relbench import positions
-from relbench.attention import attention, recording
+from relbench.attention import attention, chunked_attention, recording
 from relbench.cli import app
 from relbench.cost import memory, profiling
 from relbench.errors import UsageError
@@ -54,6 +54,8 @@ def test_layer_and_model_options_are_typed():
     ("rope*3,none", 2, "repeats a pattern of 4 layers; the model has 2"),
     ("rope*0", 2, "repeats a layer no times"),
     ("rope:window=-1", 2, "window=-1"),
+    ("rope:chunk=-8", 2, "chunk=-8"),
+    ("stickbreaking:chunk=8", 2, "computes its own attention"),
     ("stickbreaking:window=8", 2, "computes its own attention"),
     ("none:temperature_floor=4", 2, "add temperature=llama4"),
     ("none:temperature=hot", 2, "temperature=hot"),
@@ -135,8 +137,9 @@ def test_a_form_reads_the_layers_it_applies_to():
 
 
 # ---- windows and sinks against a by-hand softmax --------------------------------------------------------
-def by_hand(q, k, v, bias, window=0, sinks=None):
-    """softmax over [keys the query sees, the sink] of q.k / sqrt(d) + bias, causal, window W: i - j < W."""
+def by_hand(q, k, v, bias, window=0, sinks=None, chunk=0):
+    """softmax over [keys the query sees, the sink] of q.k / sqrt(d) + bias, causal, window W: i - j < W,
+    chunks of C: i // C == j // C."""
     q_len, k_len = q.shape[-2], k.shape[-2]
     logits = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     if bias is not None:
@@ -144,6 +147,8 @@ def by_hand(q, k, v, bias, window=0, sinks=None):
     i = torch.arange(k_len - q_len, k_len)[:, None]
     j = torch.arange(k_len)[None, :]
     hidden = (j > i) | ((i - j >= window) if window else torch.zeros_like(j > i))
+    if chunk:
+        hidden = hidden | (i // chunk != j // chunk)
     weights = logits.masked_fill(hidden, float("-inf")).exp()
     total = weights.sum(-1, keepdim=True) + (0 if sinks is None else sinks.view(1, -1, 1, 1).exp())
     return (weights / total) @ v
@@ -194,6 +199,67 @@ def test_gradients_of_a_windowed_sink_layer_match_the_reference():
         grads[backend] = [q.grad, k.grad, v.grad, sinks.grad]
     for a, b in zip(grads["reference"], grads["chunked"]):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("spec", ["none", "alibi", "fox"])
+@pytest.mark.parametrize("chunk, window, sink", [(8, 0, False), (8, 5, False), (16, 0, True), (64, 0, False)])
+@pytest.mark.parametrize("q_len, k_len", [(40, 40), (9, 40)])
+@torch.no_grad()
+def test_chunks_on_every_path(spec, chunk, window, sink, q_len, k_len):
+    enc = encoding(spec)
+    q, k, v = qkv(q_len, k_len)
+    q, k, plan = enc.prepare(q, k, x=layer_input(enc, 2, k_len))
+    sinks = torch.tensor([0.5, -1.0, 2.0, 0.0]) if sink else None
+    want = by_hand(q, k, v, None if plan is None else plan.full(), window, sinks, chunk)
+    for backend in ("reference", "chunked", "auto", "toeplitz", "split", "sdpa"):
+        with recording() as taken:
+            got = attention(q, k, v, plan, backend, window, sinks, chunk)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=backend)
+        assert set(taken) <= {"reference", "chunked"}
+
+
+@torch.no_grad()
+def test_the_chunked_path_starts_each_block_at_its_chunk():
+    """At 1,300 keys in chunks of 100 the result is the reference's, and the values of every earlier
+    chunk change nothing (the query at 1,200 starts a chunk: it sees itself alone)."""
+    enc = encoding("alibi")
+    q, k, v = qkv(1300, 1300, batch=1)
+    q, k, plan = enc.prepare(q, k)
+    got = attention(q, k, v, plan, "chunked", 0, None, 100)
+    torch.testing.assert_close(got, attention(q, k, v, plan, "reference", 0, None, 100), rtol=1e-4, atol=1e-5)
+    far = v.clone()
+    far[..., :1200, :] = float("inf")       # a key that is masked but still read makes 0 * inf = nan
+    moved = chunked_attention(q, k, far, plan, block=100, chunk=100)   # a block per chunk: the earlier ones unread
+    torch.testing.assert_close(moved[..., 1200:, :], got[..., 1200:, :], rtol=1e-5, atol=1e-6)
+    assert not moved[..., 1199, :].isfinite().any()                      # its own chunk holds the changed values
+    assert attention(q, k, far, plan, "reference", 0, None, 100)[..., 1200:, :].isnan().all()   # the mask alone reads them
+    torch.testing.assert_close(got[..., 1200, :], v[..., 1200, :])
+
+
+def test_gradients_of_a_chunked_layer_match_the_reference():
+    enc = encoding("alibi")
+    grads = {}
+    for backend in ("reference", "chunked"):
+        q, k, v = (t.requires_grad_() for t in qkv(37, 37))
+        qq, kk, plan = enc.prepare(q, k)
+        attention(qq, kk, v, plan, backend, 0, None, 8).square().sum().backward()
+        grads[backend] = [q.grad, k.grad, v.grad]
+    for a, b in zip(grads["reference"], grads["chunked"]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_a_chunked_layer_in_a_model_never_reads_an_earlier_chunk():
+    """"none:chunk=8": changing tokens 0-1 changes no output from position 8 on at any depth (no layer
+    crosses a chunk), where a window of 8 lets the change through by the second layer."""
+    tokens = torch.randint(0, SMALL["vocab_size"], (1, 20), generator=torch.Generator().manual_seed(1))
+    edited = tokens.clone()
+    edited[0, :2] = (tokens[0, :2] + 1) % SMALL["vocab_size"]
+    for spec, same in (("none:chunk=8", True), ("none:window=8", False)):
+        model = GPT(ModelConfig(position=spec, n_layers=2, **SMALL)).eval()
+        with torch.no_grad():
+            a, b = model(tokens), model(edited)
+        assert torch.equal(a[0, 8:], b[0, 8:]) is same, spec
+        assert not torch.equal(a[0, :8], b[0, :8])
 
 
 def test_a_windowed_layer_in_a_model_sees_only_its_window():

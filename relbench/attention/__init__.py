@@ -28,9 +28,10 @@ live in relbench/attention/fused.py; this module holds the interface, the choice
 - `flex`: FlexAttention with the scheme's score_mod and a causal block mask, compiled. Inference
   on CPU (torch has no FlexAttention backward on CPU); training and inference on CUDA.
 
-A layer with a sliding window or attention sinks (positions/spec.py: `window=W`, `sinks=true`) runs on
-the reference path when asked, else on the chunked one, whose blocks then start at the window's first
-key (O(L x W)) and carry the sink logits as one more key of value zero.
+A layer with a sliding window, chunked attention or attention sinks (positions/spec.py: `window=W`,
+`chunk=C`, `sinks=true`) runs on the reference path when asked, else on the chunked one, whose blocks
+then start at the window's (or the chunk's) first key (O(L x W)) and carry the sink logits as one more
+key of value zero.
 
 A *backend* is what the user asks for (`auto`, `split`, ...); the *path* is the algorithm that
 runs. `resolve` maps one to the other, visibly: `split` on a sequence too short for any far key
@@ -72,12 +73,12 @@ CHUNK_MASK_BYTES = 16 << 20  # within this (a tile that stays in cache; docs/per
 
 # ---- reference and sdpa ---------------------------------------------------------------------------
 def reference_attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None, window: int = 0,
-                        sinks: Tensor | None = None) -> Tensor:
+                        sinks: Tensor | None = None, chunk: int = 0) -> Tensor:
     q_len, k_len = q.shape[-2], k.shape[-2]
     scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, H, Lq, Lk)
     if plan is not None:
         scores = scores + plan.full().to(scores.dtype)                      # (H or B,H, Lq, Lk)
-    scores = scores.masked_fill(hidden_keys(k_len - q_len, k_len, 0, k_len, window, q.device), float("-inf"))
+    scores = scores.masked_fill(hidden_keys(k_len - q_len, k_len, 0, k_len, window, q.device, chunk), float("-inf"))
     if sinks is None:
         return torch.matmul(torch.softmax(scores, dim=-1), v)                # (B, H, Lq, D)
     sink = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
@@ -85,11 +86,18 @@ def reference_attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None, 
     return torch.matmul(weights, v)
 
 
-def hidden_keys(q_start: int, q_end: int, k_start: int, k_end: int, window: int, device=None) -> Tensor:
+def hidden_keys(q_start: int, q_end: int, k_start: int, k_end: int, window: int, device=None,
+                chunk: int = 0) -> Tensor:
     """(q, k) True where a query at [q_start, q_end) does not see a key at [k_start, k_end): keys after
-    it, and with a window W > 0 keys W or more positions before it."""
+    it, with a window W > 0 keys W or more positions before it, and with chunks of C > 0 keys in another
+    chunk than its own (positions [nC, (n + 1)C): Llama 4's chunked attention, transformers'
+    masking_utils.chunked_overlay, kv // C == q // C)."""
     distance = distance_grid(q_start, q_end, k_start, k_end, device)
-    return (distance < 0) | (distance >= window) if window else distance < 0
+    hidden = (distance < 0) | (distance >= window) if window else distance < 0
+    if chunk:
+        queries = torch.arange(q_start, q_end, device=device) // chunk
+        hidden = hidden | (queries[:, None] != torch.arange(k_start, k_end, device=device)[None, :] // chunk)
+    return hidden
 
 
 def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None) -> Tensor:
@@ -113,12 +121,14 @@ def chunk_block(k_len: int, heads: int, device_type: str = "cpu") -> int:
 
 
 def chunked_attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None, block: int | None = None,
-                      window: int = 0, sinks: Tensor | None = None) -> Tensor:
+                      window: int = 0, sinks: Tensor | None = None, chunk: int = 0) -> Tensor:
     """Query blocks, each over the keys it can see: up to its last query, and with a `window` W from
-    W - 1 before its first query (the band: O(L x (W + block)) work and memory, not O(L^2)); `sinks` (H,)
-    a sink logit per head, an extra key of value zero."""
+    W - 1 before its first query (the band: O(L x (W + block)) work and memory, not O(L^2)), with a
+    `chunk` C from the start of its first query's chunk; `sinks` (H,) a sink logit per head, an extra key
+    of value zero."""
     q_len, k_len = q.shape[-2], k.shape[-2]
-    seen = min(k_len, window + CHUNK_ROWS[1]) if window else k_len
+    reach = min(r for r in (window, chunk) if r) if window or chunk else 0
+    seen = min(k_len, reach + CHUNK_ROWS[1]) if reach else k_len
     block = chunk_block(seen, q.shape[1], q.device.type) if block is None else block
     offset = k_len - q_len
     outputs = []
@@ -126,9 +136,10 @@ def chunked_attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None, bl
         end = min(q_len, start + block)
         keys = offset + end                                    # keys after the block's last query are skipped
         q_blk = q[..., start:end, :]                           # (B, H, bq, D)
-        if window or sinks is not None:
+        if window or chunk or sinks is not None:
             first = max(0, offset + start - window + 1) if window else 0   # keys before the band are skipped
-            mask = limited_mask(plan, offset + start, offset + end, first, keys, window, sinks, q)
+            first = max(first, (offset + start) // chunk * chunk) if chunk else first   # and before the chunk
+            mask = limited_mask(plan, offset + start, offset + end, first, keys, window, sinks, q, chunk)
             k_blk, v_blk = with_sink(k[..., first:keys, :], sinks), with_sink(v[..., first:keys, :], sinks)
             outputs.append(F.scaled_dot_product_attention(q_blk, k_blk, v_blk, attn_mask=mask))
             continue
@@ -143,11 +154,11 @@ def chunked_attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None, bl
 
 
 def limited_mask(plan: BiasPlan | None, q_start: int, q_end: int, k_start: int, k_end: int, window: int,
-                 sinks: Tensor | None, q: Tensor) -> Tensor:
+                 sinks: Tensor | None, q: Tensor, chunk: int = 0) -> Tensor:
     """The float mask of a windowed or sink layer's query block over keys [k_start, k_end): the bias
     (zero without a plan), -inf on the keys the window and causality hide, and the sink logits as one
     more column: (1 or B, H, bq, keys [+ 1])."""
-    hidden = hidden_keys(q_start, q_end, k_start, k_end, window, q.device)
+    hidden = hidden_keys(q_start, q_end, k_start, k_end, window, q.device, chunk)
     bias = q.new_zeros(hidden.shape) if plan is None else plan.block(q_start, q_end, k_start, k_end).to(q.dtype)
     mask = bias.masked_fill(hidden, float("-inf"))
     mask = mask.view(1, 1, *mask.shape) if mask.dim() == 2 else four_d(mask)
@@ -273,7 +284,7 @@ def resolve(backend: str, plan: BiasPlan | None, q: Tensor, k_len: int, grad: bo
     backend (`choose`); `split` is the horizon split where it has far keys, the linear split for
     a separable bias (ALiBi, FoX), and otherwise what the split would compute anyway: sdpa without a bias, chunked for a
     short, non-square or non-CPU call, or a bias the backend does not take (`takes`). A `limited` layer
-    (a window or sinks: positions/spec.py) runs on the reference path when that is the backend, else chunked."""
+    (a window, chunks or sinks: positions/spec.py) runs on the reference path when that is the backend, else chunked."""
     if backend == "auto":
         backend = choose(plan, q, k_len, grad)
     elif backend not in BACKENDS:
@@ -359,7 +370,7 @@ def path_label(taken: Counter) -> str:
 
 
 def scheme_attention(position: PositionEncoding, q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None = None,
-                     backend: str = "auto", window: int = 0, sinks: Tensor | None = None) -> Tensor:
+                     backend: str = "auto", window: int = 0, sinks: Tensor | None = None, chunk: int = 0) -> Tensor:
     """The attention `position`'s scheme computes: its own, for a scheme that replaces the softmax
     (stick-breaking; counted by `recording()` under the scheme's name, `backend` does not apply), or
     softmax attention with the plan's bias on `backend`."""
@@ -367,21 +378,22 @@ def scheme_attention(position: PositionEncoding, q: Tensor, k: Tensor, v: Tensor
         for taken in _RECORDERS:
             taken[position.name] += 1
         return position.attend(q, k, v)
-    return attention(q, k, v, plan, backend, window, sinks)
+    return attention(q, k, v, plan, backend, window, sinks, chunk)
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None = None, backend: str = "auto",
-              window: int = 0, sinks: Tensor | None = None) -> Tensor:
+              window: int = 0, sinks: Tensor | None = None, chunk: int = 0) -> Tensor:
     """Causal attention of q (B, H, Lq, D) over k, v (B, H, Lk, D) with `plan`'s bias (None: no bias);
-    with `window` W > 0 each query sees its W latest keys, and `sinks` (H,) adds a sink logit per head.
+    with `window` W > 0 each query sees its W latest keys, with `chunk` C > 0 only the keys of its own
+    chunk of C positions, and `sinks` (H,) adds a sink logit per head.
 
     q, k and the plan come from `PositionEncoding.prepare`; `backend` is resolved to the path that
     runs (`resolve`), and the path is counted by any active `recording()`."""
-    limited = bool(window) or sinks is not None
+    limited = bool(window) or bool(chunk) or sinks is not None
     grad = needs_grad(q, k, v, plan) or (sinks is not None and sinks.requires_grad and torch.is_grad_enabled())
     path = resolve(backend, plan, q, k.shape[-2], grad, limited)
     for taken in _RECORDERS:
         taken[path] += 1
     if limited:
-        return PATHS[path](q, k, v, plan, window=window, sinks=sinks)
+        return PATHS[path](q, k, v, plan, window=window, sinks=sinks, chunk=chunk)
     return PATHS[path](q, k, v, plan)

@@ -65,7 +65,7 @@ def variants_command(
                      + ", ".join(n for n in positions.names() if positions.get(n).takes_positions)
                      + ") also random_positions=N (randomized positions, Ruoss et al. 2023: each training sequence at a "
                      "sorted random subset of [0, N), N > the training length; evaluation at 0 .. L - 1); every layer "
-                     "also window=W, sinks=true and temperature=llama4|logn, and a layout gives a scheme per layer, "
+                     "also window=W, chunk=C, sinks=true and temperature=llama4|logn, and a layout gives a scheme per layer, "
                      "\"rope:window=64*3,none\" (docs/api.md, \"Layouts\")")
     table.caption_justify = "left"
     console.print(table)

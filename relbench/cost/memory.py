@@ -313,7 +313,7 @@ def training_backend(model: ModelConfig, precision: str) -> str:
     for layer in positions.parse(model.position).pattern:
         enc = layer.build(**model.position_shape)
         path = choose(enc.plan(2, 2, q, q, x) if enc.adds_bias else None, q, model.train_length, grad=True)
-        paths.append("chunked" if (layer.window or layer.sinks) and path != "reference" else path)
+        paths.append("chunked" if (layer.window or layer.chunk or layer.sinks) and path != "reference" else path)
     return next((path for path in ("reference", "chunked") if path in paths), paths[0])
 
 

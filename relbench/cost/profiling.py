@@ -188,7 +188,7 @@ def profile_one(spec: str, backend: str, length: int, batch: int = 1, heads: int
                            "cached": "compiled kernel, causal block mask" if backend == "flex" else ""}
     train_length = length if train_length is None else train_length
     position = layer.build(n_heads=heads, head_dim=head_dim, train_length=train_length).to(device)
-    limits = {"window": layer.window, "sinks": torch.zeros(heads, device=device) if layer.sinks else None}
+    limits = {"window": layer.window, "chunk": layer.chunk, "sinks": torch.zeros(heads, device=device) if layer.sinks else None}
     position.reset_parameters(torch.Generator().manual_seed(seed))
     if position.max_length is not None and length > position.max_length:
         return {**row, "status": "unsupported", "message": f"no positions beyond {position.max_length}"}

@@ -19,6 +19,10 @@ every layer, as relbench has always built it.
 Layer options, for every scheme (they change the layer's attention, not the scheme):
 - `window=W`: sliding-window attention, each query sees its W latest keys (itself included), as
   transformers' sliding-window mask does (kv_idx > q_idx - sliding_window); 0: every earlier key.
+- `chunk=C`: chunked attention, each query sees only the keys of its own chunk of C positions
+  ([nC, (n + 1)C)), Llama 4's local attention on its RoPE layers (transformers masking_utils.py
+  `chunked_overlay`: kv_idx // chunk_size == q_idx // chunk_size; configuration_llama4.py
+  `attention_chunk_size` 8192); 0: no chunks.
 - `sinks=true`: a learned sink logit per head (gpt-oss, transformers models/gpt_oss/modeling_gpt_oss.py
   `sinks`): an extra key that takes probability mass and returns nothing.
 - `temperature=llama4|logn`: the queries times a factor of their position p. llama4 is Llama 4's
@@ -49,7 +53,7 @@ def _option(name: str, default: Any) -> inspect.Parameter:
 
 
 TEMPERATURES = ("none", "llama4", "logn")
-LAYER_OPTIONS = {"window": _option("window", 0), "sinks": _option("sinks", False),
+LAYER_OPTIONS = {"window": _option("window", 0), "chunk": _option("chunk", 0), "sinks": _option("sinks", False),
                  "temperature": _option("temperature", "none"), "temperature_floor": _option("temperature_floor", 0),
                  "temperature_scale": _option("temperature_scale", 0.1),
                  "ssmax": _option("ssmax", False), "ssmax_bias": _option("ssmax_bias", True)}
@@ -67,6 +71,7 @@ class Layer:
     scheme: str
     options: dict[str, Any]         # the scheme's own (read-only by convention: copy before changing)
     window: int = 0
+    chunk: int = 0
     sinks: bool = False
     temperature: str = "none"
     temperature_floor: int = 0
@@ -163,8 +168,11 @@ def _check_layer(layer: Layer, cls: type[PositionEncoding], spec: str, given: di
     where = f'in variant "{one_line(spec)}"'
     if layer.window < 0:
         raise UsageError(f"window={layer.window} {where}: give the number of keys each query sees (0: all of them)")
-    if (layer.window or layer.sinks) and cls.replaces_softmax:
-        raise UsageError(f'window and sinks {where} change softmax attention; "{cls.name}" computes its own attention')
+    if layer.chunk < 0:
+        raise UsageError(f"chunk={layer.chunk} {where}: give the positions per chunk (0: no chunks)")
+    if (layer.window or layer.sinks or layer.chunk) and cls.replaces_softmax:
+        raise UsageError(f'window, chunk and sinks {where} change softmax attention; "{cls.name}" computes its own '
+                         f'attention')
     if layer.temperature not in TEMPERATURES:
         raise UsageError(f"temperature={layer.temperature} {where}: use {', '.join(TEMPERATURES)}")
     if ("temperature_floor" in given or "temperature_scale" in given) and layer.temperature != "llama4":
