@@ -12,8 +12,8 @@ key fails. k, the number of distractors, is the task's axis.
 A needle is " {name}={value}." and the question " {name}? {name}=", followed by the answer: the asked
 needle's value, teacher-forced. The paper's needles are English sentences (roughly "One of the special
 magic numbers for {key} is: {value}.") with word keys and multi-digit values, made for windows of
-thousands of tokens; this benchmark trains at 64 tokens of bytes (relbench/presets/mqar.toml), so the
-form here is as short as keeps it a statement and a question. Its official code (github.com/NVIDIA/RULER)
+thousands of tokens; relbench trains at 64-128 byte tokens (the mqar preset's 64, the needles preset's
+128), so the form here is as short as keeps it a statement and a question. Its official code (github.com/NVIDIA/RULER)
 was not read here; the parameters below are this module's choices:
 
 - keys: 2-letter codes of upper-case consonants (NAMES, 400 of them; distinct within a trial, so no
