@@ -174,5 +174,18 @@ def test_train_extrapolate_report_through_the_shared_path(tmp_path):
     result = runner.invoke(app, ["report", "--run-dir", str(run_dir)])
     assert result.exit_code == 0, result.output
     report = (run_dir / "report.md").read_text()
-    assert "Flip-flop accuracy (all queries pooled" in report and "flip-flop reach" in report
+    assert "Flip-flop accuracy (the mean over p_ignore, each its answers pooled" in report and "flip-flop reach" in report
     assert (run_dir / "plots" / "flipflop.png").is_file() or "not learned" in report
+
+
+def test_a_lengths_accuracy_weighs_each_condition_equally():
+    """Flip-flop's dense trials hold many more reads than its sparse ones: a length's accuracy is the
+    mean of the conditions' (9/10 and 1/2: 0.70), not the reads pooled (10/12)."""
+    from relbench.evaluation.reach import accuracy_by_length
+
+    rows = pd.DataFrame([{"variant": "x", "seed": 0, "length": 64, "p_ignore": p, "queries": n, "correct": c,
+                          "status": "ok"} for p, n, c in ((0.1, 6, 5), (0.1, 4, 4), (0.98, 2, 1))])
+    weighed = accuracy_by_length(rows, "queries", "p_ignore")
+    assert weighed["accuracy"].tolist() == pytest.approx([0.7]) and weighed["n"].tolist() == [12]
+    assert accuracy_by_length(rows, "queries")["accuracy"].tolist() == pytest.approx([10 / 12])
+    assert TASK.weigh_conditions and not TASKS["passkey"].weigh_conditions and not TASKS["mqar"].weigh_conditions

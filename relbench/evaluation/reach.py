@@ -53,15 +53,26 @@ def training_competence(run_dir: Path, variant: str, seed: int, config: dict[str
     return Competence(bool(summary["learned"]), summary.get("learned_step"), summary.get("steps"))
 
 
-def accuracy_by_length(rows: pd.DataFrame, count: str) -> pd.DataFrame:
+def accuracy_by_length(rows: pd.DataFrame, count: str, conditions: str | None = None) -> pd.DataFrame:
     """Per variant x seed x length: successes, trials, accuracy and its Wilson interval. `count` is
-    the column of trials per row ("trials" for passkey, whose rows are depths; "queries" for MQAR)."""
+    the column of trials per row ("trials" for passkey, whose rows are depths; "queries" for MQAR).
+    With `conditions` (a column, e.g. flip-flop's p_ignore) the accuracy is the mean of each
+    condition's, so that a condition with more answers per trial does not outweigh the others, and
+    `correct` is that accuracy times the answers."""
     ok = rows[rows["status"] == "ok"] if "status" in rows.columns else rows.iloc[:0]
     if ok.empty:
         return pd.DataFrame(columns=["variant", "seed", "length", "correct", "n", "accuracy", "low", "high"])
-    pooled = ok.groupby(["variant", "seed", "length"], sort=False).agg(
-        correct=("correct", "sum"), n=(count, "sum")).reset_index()
-    pooled["accuracy"] = pooled["correct"] / pooled["n"]
+    if conditions is not None:
+        each = ok.groupby(["variant", "seed", "length", conditions], sort=False).agg(
+            correct=("correct", "sum"), n=(count, "sum")).reset_index()
+        each["accuracy"] = each["correct"] / each["n"]
+        pooled = each.groupby(["variant", "seed", "length"], sort=False).agg(
+            accuracy=("accuracy", "mean"), n=("n", "sum")).reset_index()
+        pooled["correct"] = pooled["accuracy"] * pooled["n"]
+    else:
+        pooled = ok.groupby(["variant", "seed", "length"], sort=False).agg(
+            correct=("correct", "sum"), n=(count, "sum")).reset_index()
+        pooled["accuracy"] = pooled["correct"] / pooled["n"]
     bounds = [wilson(c, int(n)) for c, n in zip(pooled["correct"], pooled["n"])]
     pooled["low"], pooled["high"] = [b[0] for b in bounds], [b[1] for b in bounds]
     return pooled
@@ -110,12 +121,12 @@ class Reach:
 
 
 def reach_of(rows: pd.DataFrame, count: str, train_lengths: dict[tuple[str, int], int],
-             competence: dict[tuple[str, int], Competence | None]) -> dict[str, Reach]:
+             competence: dict[tuple[str, int], Competence | None], conditions: str | None = None) -> dict[str, Reach]:
     """Per variant, its Reach from the task's rows (passkey.csv or mqar.csv). `train_lengths`: the
     training length of each (variant, seed); `competence`: what training recorded (None: not trained
     to a criterion, decided here by the accuracy at the training length). A seed that training says
     did not learn counts among the variant's seeds even without rows (extrapolate skips it)."""
-    pooled = accuracy_by_length(rows, count)
+    pooled = accuracy_by_length(rows, count, conditions)
     longest = int(pooled["length"].max()) if len(pooled) else 0
     variants = list(dict.fromkeys([str(v) for v in pooled["variant"]]
                                   + [v for (v, _), c in competence.items() if c is not None and not c.learned]))
@@ -170,8 +181,10 @@ def run_reach(run_dir: Path, name: str) -> dict[str, Reach]:
     if rows.empty and not any(c is not None for c in competence.values()):
         return {}
     from relbench.tasks import retrieval_tasks
-    count = next((t.count for t in retrieval_tasks() if t.csv == Path(name).name), "trials")
-    return reach_of(rows, count, lengths, competence)
+    task = next((t for t in retrieval_tasks() if t.csv == Path(name).name), None)
+    count = task.count if task is not None else "trials"
+    conditions = task.axis if task is not None and task.weigh_conditions and task.axis in rows.columns else None
+    return reach_of(rows, count, lengths, competence, conditions)
 
 
 def steps_to_learn(reach: Reach) -> str:

@@ -64,6 +64,9 @@ class RetrievalTask(Task):
     axis_values: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)   # the conditions evaluated (and validated)
     binned: bool = False                              # rows per distance bin of the answers, or one per condition
     place_label: str = "depth of the key"             # what a heatmap's rows are
+    weigh_conditions: bool = False                    # a length's accuracy: the mean over conditions (each
+                                                      # equal), not over answers (a task whose conditions
+                                                      # give different answers per trial: flip-flop's reads)
     defaults: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False)   # the generator's options
 
     @property
@@ -77,6 +80,7 @@ class RetrievalTask(Task):
 
     def title(self) -> str:
         pooled = "all queries" if self.binned else f"all {self.axis}s"
+        pooled = f"the mean over {self.axis}, each its answers pooled" if self.weigh_conditions else pooled
         return (f"{self.label} accuracy ({pooled} pooled; mean over the seeds that learned, per seed in brackets; one "
                 f"learned seed: its Wilson 95% interval), and reach: the longest length at 90% or more")
 

@@ -155,4 +155,5 @@ TASK = register_task(FlipFlop("flipflop", "flipflop.csv", ("variant", "seed", "l
                               "flip-flop accuracy on the reads at a length and p_ignore, per distance bin from the last "
                               "write, with its Wilson interval", label="Flip-flop", short="flip-flop", axis="p_ignore",
                               axis_values=CONDITIONS, binned=True, place_label="distance write -> read (bin from)",
+                              weigh_conditions=True,
                               defaults={"p_ignore": TRAIN_P_IGNORE}))

@@ -272,5 +272,5 @@ ABOUT = ("variable-tracking accuracy at a length and number of hops, per distanc
          "the question, with its Wilson interval")
 TASK = register_task(Tracking("tracking", "tracking.csv", KEY, "tracking", ABOUT, label="Variable tracking",
                               short="tracking", axis="hops", axis_values=HOPS, binned=True,
-                              place_label="distance assignment -> question (bin from)",
+                              place_label="distance assignment -> question (bin from)", weigh_conditions=True,
                               defaults={"distractors": DISTRACTORS}))
