@@ -162,15 +162,17 @@ def extrapolate_command(
     lengths: Lengths = None,
     variants: Variants = None,
     run_dir: RunDir = results.DEFAULT_RUN_DIR,
-    task: Annotated[list[str] | None, typer.Option(help="perplexity, copy, passkey, mqar, or several (default: "
-                                                   "the preset's: perplexity and copy for the language-model "
-                                                   "presets, passkey and mqar for retrieval).")] = None,
+    task: Annotated[list[str] | None, typer.Option(help="perplexity, copy, or a retrieval task (passkey, mqar, "
+                                                   "flipflop, tracking, needles: relbench/tasks), or several "
+                                                   "(default: the preset's: perplexity and copy for the "
+                                                   "language-model presets, the task trained on for the others).")] = None,
     mode: Annotated[list[str] | None, typer.Option(help="nonoverlap, sliding, or both (default: nonoverlap).")] = None,
     stride: Annotated[int | None, typer.Option(help="Sliding mode: tokens scored per window; each scored token "
                                                 "sees at least length - stride of context (default: half the "
                                                 "training length).")] = None,
-    trials: Annotated[int | None, typer.Option(help="copy: trials per distance; passkey and mqar: trials per "
-                                                 "length and depth (default: the preset's).")] = None,
+    trials: Annotated[int | None, typer.Option(help="copy: trials per distance; a retrieval task: trials per "
+                                                 "length and condition, e.g. passkey's depth (default: the "
+                                                 "preset's).")] = None,
     seeds: Annotated[list[int] | None, typer.Option(help="Seeds to evaluate (default: every trained seed).")] = None,
     config: Annotated[Path | None, typer.Option("--config", help="An experiment file (TOML): its variants, seeds "
                                                 "and [eval] table (tasks, lengths, trials, eval_tokens) replace the "
@@ -179,19 +181,20 @@ def extrapolate_command(
     eval_tokens: Annotated[int | None, typer.Option(help="Scored test tokens per length (default: the preset's).")] = None,
     device: Device = "auto",
     force: Annotated[bool, typer.Option(help="Recompute rows that are already in the CSVs.")] = False,
-    not_learned: Annotated[bool, typer.Option("--not-learned", help="Also evaluate passkey or mqar on models trained "
+    not_learned: Annotated[bool, typer.Option("--not-learned", help="Also evaluate a retrieval task on models trained "
                                               "to criterion on it that did not learn it (skipped by default: "
                                               "their accuracy beyond the training length says nothing).")] = False,
     plugin: PluginFiles = None,
     accept_plugin_change: AcceptPluginChange = False,
 ) -> None:
     """Perplexity of every trained variant at growing lengths and the cost of bias and attention;
-    with --task, also whether the model uses distant context (copy) and retrieves a key (passkey).
+    with --task, also whether the model uses distant context (copy) and a retrieval task's accuracy
+    (passkey: does it retrieve a key stated once; mqar, flipflop, tracking, needles: relbench/tasks).
 
     Writes extrapolation.csv (one row per variant x seed x length x protocol, with a bootstrap
     interval over windows), positions.csv (the loss in log-spaced bins of the position inside the
     window), copy.csv (loss ratio with an earlier copy of the text / with unrelated text there, per distance) and
-    passkey.csv (accuracy per length and depth).
+    each retrieval task's CSV (passkey.csv: accuracy per length and depth; a binned task's per distance too).
 
     Example: relbench extrapolate --lengths 256 1024 4096 --task perplexity copy passkey --mode nonoverlap sliding
     """
