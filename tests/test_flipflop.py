@@ -174,7 +174,7 @@ def test_train_extrapolate_report_through_the_shared_path(tmp_path):
     result = runner.invoke(app, ["report", "--run-dir", str(run_dir)])
     assert result.exit_code == 0, result.output
     report = (run_dir / "report.md").read_text()
-    assert "Flip-flop accuracy (the mean over p_ignore, each its answers pooled" in report and "flip-flop reach" in report
+    assert "Flip-flop accuracy (the mean over p_ignore of its answers pooled;" in report and "flip-flop reach" in report
     assert (run_dir / "plots" / "flipflop.png").is_file() or "not learned" in report
 
 
@@ -189,3 +189,13 @@ def test_a_lengths_accuracy_weighs_each_condition_equally():
     assert weighed["accuracy"].tolist() == pytest.approx([0.7]) and weighed["n"].tolist() == [12]
     assert accuracy_by_length(rows, "queries")["accuracy"].tolist() == pytest.approx([10 / 12])
     assert TASK.weigh_conditions and not TASKS["passkey"].weigh_conditions and not TASKS["mqar"].weigh_conditions
+
+
+def test_the_criterion_weighs_each_condition_equally():
+    """Training's check (retrieval_accuracy) scores flip-flop as reach does: the mean of the conditions'
+    accuracies (trial i of condition i // per_value), where passkey's pools its answers."""
+    from relbench.tasks import Answer
+
+    answers = [Answer(0, 2, True)] * 9 + [Answer(1, 2, False)] + [Answer(4, 6, True), Answer(5, 6, False)]
+    assert TASK.score(answers, 2) == pytest.approx(0.7)                   # (9/10 + 1/2) / 2; condition 1 no reads
+    assert TASKS["passkey"].score(answers, 2) == pytest.approx(10 / 12)

@@ -79,9 +79,9 @@ class RetrievalTask(Task):
         return f"{int(value):g}" if self.binned else f"{value:.0%}" if self.axis == "depth" else f"{value:g}"
 
     def title(self) -> str:
-        pooled = "all queries" if self.binned else f"all {self.axis}s"
-        pooled = f"the mean over {self.axis}, each its answers pooled" if self.weigh_conditions else pooled
-        return (f"{self.label} accuracy ({pooled} pooled; mean over the seeds that learned, per seed in brackets; one "
+        pooled = "all queries pooled" if self.binned else f"all {self.axis}s pooled"
+        pooled = f"the mean over {self.axis} of its answers pooled" if self.weigh_conditions else pooled
+        return (f"{self.label} accuracy ({pooled}; mean over the seeds that learned, per seed in brackets; one "
                 f"learned seed: its Wilson 95% interval), and reach: the longest length at 90% or more")
 
     def options(self, train: Mapping[str, Any]) -> dict[str, Any]:
@@ -124,6 +124,16 @@ class RetrievalTask(Task):
         tensors each; `lowest` is the curriculum's easiest condition still drawn from (1 - s/N at step s
         of a depth_curriculum of N; 0: every condition)."""
         raise NotImplementedError
+
+    def score(self, answers: list[Answer], per_value: int) -> float:
+        """The accuracy of answers to trials drawn `per_value` per condition (trial i of condition
+        i // per_value): over the answers, or with `weigh_conditions` the mean of each condition's."""
+        if not self.weigh_conditions:
+            return float(np.mean([a.correct for a in answers]))
+        by_value: dict[int, list[bool]] = {}
+        for answer in answers:
+            by_value.setdefault(answer.trial // per_value, []).append(answer.correct)
+        return float(np.mean([np.mean(correct) for correct in by_value.values()]))
 
     def rows(self, common: dict[str, Any], answers: list[Answer]) -> list[dict[str, Any]]:
         """The rows of one condition's answers: one pooling them, or one per distance bin."""

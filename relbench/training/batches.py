@@ -98,8 +98,9 @@ def retrieval_accuracy(model, task: str, tokens, length: int, tokenizer, device,
     """Accuracy of the retrieval task `task` at `length` on a fixed, seeded set of trials from
     `tokens` (the validation split): trials // (its conditions) at each of its conditions (passkey:
     five depths), the fraction of its answers that are right (passkey: trials answered exactly; mqar:
-    queries). `options`: the task's generator options (its defaults when None). The model is left in
-    the mode (train or eval) it was in."""
+    queries; a task that weighs its conditions: the mean of each condition's fraction). `options`: the
+    task's generator options (its defaults when None). The model is left in the mode (train or eval) it
+    was in."""
     chosen = retrieval_task(task)
     options = chosen.options({}) if options is None else options
     stream = tokens.numpy() if isinstance(tokens, torch.Tensor) else np.asarray(tokens)
@@ -107,7 +108,6 @@ def retrieval_accuracy(model, task: str, tokens, length: int, tokenizer, device,
     was_training = model.training
     try:
         plan = chosen.trials(stream.size, length, list(chosen.axis_values), per_value, tokenizer, options)
-        return float(np.mean([a.correct for a in chosen.answers(model, stream, plan, length, tokenizer, device,
-                                                                16384, options)]))
+        return chosen.score(chosen.answers(model, stream, plan, length, tokenizer, device, 16384, options), per_value)
     finally:
         model.train(was_training)
