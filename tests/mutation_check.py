@@ -241,7 +241,7 @@ MUTATIONS = [
      "q_rot = apply_rotary(q, cos[..., k_len - q_len:, :], sin[..., k_len - q_len:, :])",
      "q_rot = apply_rotary(q, cos[..., k_len - q_len:, :].roll(1, -2), sin[..., k_len - q_len:, :].roll(1, -2))"),
     ("causal mask dropped on the reference path", "relbench/attention/__init__.py",
-     'scores = scores.masked_fill(hidden_keys(k_len - q_len, k_len, 0, k_len, window, q.device), float("-inf"))',
+     'scores = scores.masked_fill(hidden_keys(k_len - q_len, k_len, 0, k_len, window, q.device, chunk), float("-inf"))',
      "scores = scores"),
     ("causal mask dropped on the chunked path", "relbench/positions/plan.py",
      'return bias.masked_fill(distance_grid(q_start, q_end, 0, k_end, bias.device) < 0, float("-inf"))',
