@@ -181,8 +181,8 @@ def test_answers_of_oracles():
 
 
 def test_batch_weights_and_shift():
-    x, y, w = TASK.batch(STREAM, np.random.default_rng(5), 40, 64, TOKENIZER, ONE, 5.0, 0.5, 0.3)
-    again = TASK.batch(STREAM, np.random.default_rng(5), 40, 64, TOKENIZER, ONE, 5.0, 0.5, 0.3)
+    x, y, w = TASK.batch(STREAM, np.random.default_rng(5), 40, 64, TOKENIZER, ONE, 5.0, 0.5, 0.0)
+    again = TASK.batch(STREAM, np.random.default_rng(5), 40, 64, TOKENIZER, ONE, 5.0, 0.5, 0.0)
     assert torch.equal(x, again[0]) and torch.equal(w, again[2])
     assert x.shape == y.shape == w.shape == (40, 64)
     assert torch.equal(x[:, 1:], y[:, :-1])                                           # the same tokens, shifted
@@ -244,3 +244,10 @@ def test_a_tokenizer_that_splits_a_character_is_refused():
 
     with pytest.raises(UsageError, match="does not encode 'A' as one token"):
         TASK.min_length(Split(), ONE)
+
+
+@pytest.mark.parametrize("lowest, hops", [(1.0, {1}), (0.5, {1, 2}), (0.2, {1, 2, 3}), (0.0, {1, 2, 3, 4})])
+def test_the_curriculum_grows_the_chains(lowest, hops):
+    """Under depth_curriculum the batch's `lowest` l allows hop counts up to 1 + 3 (1 - l)."""
+    _, _, w = TASK.batch(STREAM, np.random.default_rng(3), 60, 64, TOKENIZER, ONE, 5.0, 0.5, lowest)
+    assert {int((row == 5.0).sum()) - 1 for row in w} == hops

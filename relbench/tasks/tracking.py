@@ -53,7 +53,8 @@ question (`?`), at least the statement's own length; reports bin it by powers of
 
 Training (`batch`): random trials, hops drawn uniformly from axis_values for each trial (no option),
 the distractors of the run's options, the answer letters weighted `answer_weight`, every other
-target `text_weight`. The curriculum `lowest` is ignored: a chain has no depth to start near.
+target `text_weight`. Under `depth_curriculum` (the batch's `lowest` l > 0) the chains grow instead:
+only hop counts up to 1 + 3 (1 - l), one hop at the first step, every count from the curriculum's end.
 """
 
 from __future__ import annotations
@@ -257,8 +258,12 @@ class Tracking(RetrievalTask):
         return accuracy(model, stream, plan, length, tokenizer, device, max_batch_tokens)
 
     def batch(self, stream, rng, count, length, tokenizer, options, answer_weight, text_weight, lowest):
-        sequences, answers = training_sequences(stream, rng, count, length, tokenizer,
-                                                tuple(int(h) for h in self.axis_values), options["distractors"] + 1)
+        """Trials of every hop count, or under a curriculum (`lowest` l > 0: depth_curriculum's early
+        steps) of the hop counts up to 1 + (most - 1)(1 - l): one hop first, the longest chains last."""
+        every = tuple(int(h) for h in self.axis_values)
+        allowed = tuple(h for h in every if h <= every[0] + (every[-1] - every[0]) * (1 - lowest)) or every[:1]
+        sequences, answers = training_sequences(stream, rng, count, length, tokenizer, allowed,
+                                                options["distractors"] + 1)
         window = torch.from_numpy(sequences)
         weights = torch.full((count, length), float(text_weight))
         for row, targets in enumerate(answers):
