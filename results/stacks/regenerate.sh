@@ -7,7 +7,7 @@
 set -euo pipefail
 RUN=${RUN:-results/stacks}
 SEEDS=${SEEDS:-0}
-VARIANTS=("rope*3,none" "rope*3,none:temperature=llama4" "rope:window=128*3,none"
+VARIANTS=("rope*3,none" "rope*3,none:temperature=llama4" "rope:chunk=256*3,none:temperature=llama4" "rope:window=128*3,none"
           "rope:base=150000,window=8,sinks=true*1,rope:base=150000,sinks=true" "rope:window=32*3,rope:base=1000000")
 for seed in $SEEDS; do
   relbench train --preset quick --seeds "$seed" --variants "${VARIANTS[@]}" --run-dir "$RUN"
@@ -17,7 +17,8 @@ done
 relbench report --run-dir "$RUN"
 # the retrieval forms (results/stacks/retrieval): two layers, the passkey panel's protocol
 for seed in $SEEDS; do
-  relbench train --preset retrieval --seeds "$seed" --variants "rope*1,none" "rope:window=32*1,none" --run-dir "$RUN/retrieval"
+  relbench train --preset retrieval --seeds "$seed" --variants "rope*1,none" "rope:window=32*1,none" "rope:chunk=128*1,none" \
+    --run-dir "$RUN/retrieval"
   relbench extrapolate --run-dir "$RUN/retrieval" --seeds "$seed" --task passkey
 done
 relbench report --run-dir "$RUN/retrieval"
