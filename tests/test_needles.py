@@ -200,6 +200,10 @@ def test_training_batches_and_their_weights():
         whole = text(torch.cat([x[row, :1], y[row]]))
         name, value = whole[-10:-8], whole[-3:]
         assert whole[-19:-11] == f" {name}={value}."
+        assert whole[:-11].count("=") == 1                                        # and no distractor yet
+    # halfway (lowest 0.5): up to 5 x 0.5 distractors, so 0 or 1
+    x, y, _ = TASK.batch(STREAM, np.random.default_rng(9), 40, 64, TOKENIZER, OPTIONS, 1.0, 1.0, 0.5)
+    assert {text(torch.cat([x[r, :1], y[r]]))[:-11].count("=") for r in range(40)} == {1, 2}
 
 
 def test_training_batch_through_the_config():

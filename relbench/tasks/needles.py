@@ -201,8 +201,9 @@ def accuracy(model, stream: np.ndarray, trial_list: list[Trial], length: int, to
 class Needles(RetrievalTask):
     """One trial is one answer, binned by the distance from the asked needle to the question. Option
     `digits`: the digits of every value (a row's column too). Training draws each sequence's distractor
-    count uniformly from `axis_values` and, with a curriculum (`lowest` > 0), the asked needle's depth
-    from [lowest, 1] (the distractors' from [0, 1])."""
+    count uniformly from `axis_values` and, with a curriculum (`lowest` l > 0), from the counts up to
+    the most times 1 - l (none at the first step), and the asked needle's depth from [l, 1] (the
+    distractors' from [0, 1])."""
 
     def check(self, options):
         n = options.get("digits")
@@ -227,9 +228,11 @@ class Needles(RetrievalTask):
         if length < need:
             raise RelbenchError(f"needles training with {max(self.axis_values)} distractors needs sequences of at "
                                 f"least {need} tokens, got {length}; use a longer --train-length")
+        # under depth_curriculum (l = lowest > 0) the distractors grow too: up to the most times 1 - l
+        allowed = [v for v in self.axis_values if v <= max(self.axis_values) * (1 - lowest)] or [self.axis_values[0]]
         rows = []
         for _ in range(count):
-            k = check_distractors(self.axis_values[int(rng.integers(len(self.axis_values)))])
+            k = check_distractors(allowed[int(rng.integers(len(allowed)))])
             trial = draw(rng, k, n_digits, 0, float(lowest))
             room = filler_size(trial, length, tokenizer)
             trial = replace(trial, filler_start=int(rng.integers(0, max(1, stream.size - room))))
