@@ -678,7 +678,7 @@ MUTATIONS = [
      NEEDLES),
     ("needles: a needle's place ignores the needles before it (distances off)", "relbench/tasks/needles.py",
      "starts.append(point + placed)", "starts.append(point)", NEEDLES),
-    ("needles: one right digit passes a trial", "relbench/tasks/needles.py", ".all(-1).tolist()", ".any(-1).tolist()",
+    ("needles: one right digit passes a trial", "relbench/tasks/base.py", "bool(correct.all())", "bool(correct.any())",
      NEEDLES),
     ("needles: training weights one position early", "relbench/tasks/needles.py",
      "weights[:, length - n_digits: length] = float(answer_weight)",

@@ -15,11 +15,13 @@ decisions (evaluation/decisions.py) pool a task's rows per length, whatever the 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import abc
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
+import torch
 
 from relbench.errors import NameTaken, UsageError, unknown
 from relbench.stats import wilson
@@ -46,6 +48,30 @@ def distance_bin(distance: int) -> tuple[int, int]:
     return low, 2 * low
 
 
+@torch.no_grad()
+def teacher_forced(model, trial_list: list, sequence: Callable, length: int, device, max_batch_tokens: int,
+                   whole: bool = False) -> list[Answer]:
+    """The answers of `trial_list`, one forward pass per batch: `sequence(trial)` gives its (length + 1,)
+    tokens, the target positions of its answers and their distances; an answer is right when the argmax
+    at its position is the target there. `whole`: the positions are one answer, right when all are, and
+    the distance is the trial's."""
+    model.eval()
+    out = []
+    per_batch = max(1, max_batch_tokens // length)
+    for b in range(0, len(trial_list), per_batch):
+        batch = [sequence(t) for t in trial_list[b: b + per_batch]]
+        tokens = torch.from_numpy(np.stack([tokens for tokens, _, _ in batch])).to(device)      # (B, length + 1)
+        predicted = model(tokens[:, :-1]).argmax(-1)                                          # (B, length)
+        for i, (_, positions, distances) in enumerate(batch):
+            at = torch.as_tensor(np.asarray(positions), device=device)
+            correct = predicted[i, at] == tokens[i, 1:][at]
+            if whole:
+                out.append(Answer(b + i, int(distances), bool(correct.all())))
+            else:
+                out += [Answer(b + i, int(d), bool(c)) for d, c in zip(distances, correct.tolist())]
+    return out
+
+
 def spread(stream_size: int, length: int, count: int) -> list[int]:
     """`count` filler offsets spread evenly over a stream of `stream_size` tokens, each with room for
     a window of `length` + 1 (the fixed trials of every retrieval task start here)."""
@@ -55,7 +81,7 @@ def spread(stream_size: int, length: int, count: int) -> list[int]:
 
 
 @dataclass(frozen=True)
-class RetrievalTask(Task):
+class RetrievalTask(Task, abc.ABC):
     """A task trained to criterion and measured by accuracy at growing lengths. Subclasses implement
     the four methods below; the fields say how its rows and tables read."""
     label: str = ""                                   # as a title names it ("Passkey", "MQAR")
@@ -103,27 +129,28 @@ class RetrievalTask(Task):
         """The options a row records, part of its key (mqar: n_pairs)."""
         return {}
 
+    @abc.abstractmethod
     def min_length(self, tokenizer, options: Mapping[str, Any]) -> int:
-        raise NotImplementedError
+        """The shortest window a trial fits in."""
 
+    @abc.abstractmethod
     def trials(self, stream_size: int, length: int, values: list[float], per_value: int, tokenizer,
                options: Mapping[str, Any], seed: int = 0) -> list:
         """A fixed, seeded set of trials: `per_value` for each condition in `values`, in that order,
         the same for every variant (they depend on nothing else)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def answers(self, model, stream: np.ndarray, plan: list, length: int, tokenizer, device,
                 max_batch_tokens: int, options: Mapping[str, Any]) -> list[Answer]:
         """Every answer of every trial in `plan`, trial by trial."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def batch(self, stream: np.ndarray, rng: np.random.Generator, count: int, length: int, tokenizer,
               options: Mapping[str, Any], answer_weight: float, text_weight: float,
               lowest: float) -> tuple[Any, Any, Any]:
         """(inputs, targets, loss weights) of `count` random training trials, (count, length) torch
         tensors each; `lowest` is the curriculum's easiest condition still drawn from (1 - s/N at step s
         of a depth_curriculum of N; 0: every condition)."""
-        raise NotImplementedError
 
     def score(self, answers: list[Answer], per_value: int) -> float:
         """The accuracy of answers to trials drawn `per_value` per condition (trial i of condition

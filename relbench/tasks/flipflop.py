@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from relbench.errors import RelbenchError, UsageError
-from relbench.tasks.base import Answer, RetrievalTask, register_task
+from relbench.tasks.base import Answer, RetrievalTask, register_task, teacher_forced
 
 SYMBOLS = "wri01 "
 TRAIN_P_IGNORE = 0.8           # the paper's training distribution, FFL(0.8)
@@ -103,21 +103,10 @@ def trials(values: list[float], per_value: int, seed: int = 0) -> list[Trial]:
     return [Trial(float(p), int(generator.integers(0, 2**63))) for p in values for _ in range(per_value)]
 
 
-@torch.no_grad()
 def accuracy(model, trial_list: list[Trial], length: int, tokenizer, device, max_batch_tokens: int = 16384) -> list[Answer]:
     """One Answer per read of every trial, trial by trial, with its distance from the last write."""
-    model.eval()
-    out = []
-    per_batch = max(1, max_batch_tokens // length)
-    for b in range(0, len(trial_list), per_batch):
-        batch = [sequence(t, length, tokenizer) for t in trial_list[b: b + per_batch]]
-        tokens = torch.from_numpy(np.stack([tokens for tokens, _, _ in batch])).to(device)      # (B, length + 1)
-        predicted = model(tokens[:, :-1]).argmax(-1)                                          # (B, length)
-        for i, (_, reads, distances) in enumerate(batch):
-            at = torch.from_numpy(reads).to(device)
-            correct = (predicted[i, at] == tokens[i, 1:][at]).tolist()
-            out += [Answer(b + i, int(d), bool(c)) for d, c in zip(distances, correct)]
-    return out
+    return teacher_forced(model, trial_list, lambda t: sequence(t, length, tokenizer), length, device,
+                          max_batch_tokens)
 
 
 @dataclass(frozen=True)

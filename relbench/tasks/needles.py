@@ -52,7 +52,7 @@ import numpy as np
 import torch
 
 from relbench.errors import RelbenchError, UsageError
-from relbench.tasks.base import Answer, RetrievalTask, register_task, spread
+from relbench.tasks.base import Answer, RetrievalTask, register_task, spread, teacher_forced
 
 NEEDLE = " {name}={value}."
 QUESTION = " {name}? {name}="
@@ -180,21 +180,13 @@ def trials(stream_size: int, length: int, values: list[float], per_value: int, n
     return out
 
 
-@torch.no_grad()
 def accuracy(model, stream: np.ndarray, trial_list: list[Trial], length: int, tokenizer, device,
              max_batch_tokens: int = 16384) -> list[Answer]:
     """One Answer per trial: its distance, and whether the argmax at every answer position is its digit."""
-    model.eval()
-    out = []
-    per_batch = max(1, max_batch_tokens // length)
-    for b in range(0, len(trial_list), per_batch):
-        batch = [sequence(stream, t, length, tokenizer) for t in trial_list[b: b + per_batch]]
-        tokens = torch.from_numpy(np.stack([tokens for tokens, _, _ in batch])).to(device)    # (B, length + 1)
-        answer = batch[0][1]
-        logits = model(tokens[:, :-1])[:, answer]                                        # (B, digits, V)
-        correct = (logits.argmax(-1) == tokens[:, 1:][:, answer]).all(-1).tolist()
-        out += [Answer(b + i, distance, bool(ok)) for i, ((_, _, distance), ok) in enumerate(zip(batch, correct))]
-    return out
+    def positions(trial: Trial):
+        tokens, answer, distance = sequence(stream, trial, length, tokenizer)
+        return tokens, np.arange(length)[answer], distance
+    return teacher_forced(model, trial_list, positions, length, device, max_batch_tokens, whole=True)
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,7 @@ import numpy as np
 import torch
 
 from relbench.errors import RelbenchError, UsageError
-from relbench.tasks.base import Answer, RetrievalTask, register_task, spread
+from relbench.tasks.base import Answer, RetrievalTask, register_task, spread, teacher_forced
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"   # the variables' names, one token each
 DIGITS = 4                                # digits of a value, one token each
@@ -195,23 +195,12 @@ def trials(stream_size: int, length: int, hops: list[float], per_value: int, cha
     return out
 
 
-@torch.no_grad()
 def accuracy(model, stream: np.ndarray, trial_list: list[Trial], length: int, tokenizer, device,
              max_batch_tokens: int = 16384) -> list[Answer]:
     """One Answer per variable of each trial's chain (trial by trial, in assignment order): its
     distance from its statement to the question, correct whether the argmax before it is its letter."""
-    model.eval()
-    out = []
-    per_batch = max(1, max_batch_tokens // length)
-    for b in range(0, len(trial_list), per_batch):
-        batch = [sequence(stream, t, length, tokenizer) for t in trial_list[b: b + per_batch]]
-        tokens = torch.from_numpy(np.stack([tokens for tokens, _, _ in batch])).to(device)      # (B, length + 1)
-        predicted = model(tokens[:, :-1]).argmax(-1)                                          # (B, length)
-        for i, (_, targets, distances) in enumerate(batch):
-            at = torch.from_numpy(targets).to(device)
-            correct = (predicted[i, at] == tokens[i, 1:][at]).tolist()
-            out += [Answer(b + i, int(d), bool(c)) for d, c in zip(distances, correct)]
-    return out
+    return teacher_forced(model, trial_list, lambda t: sequence(stream, t, length, tokenizer), length, device,
+                          max_batch_tokens)
 
 
 def training_sequences(stream: np.ndarray, rng: np.random.Generator, count: int, length: int, tokenizer,
