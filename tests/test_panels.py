@@ -46,6 +46,23 @@ def test_bench_against_trains_only_the_new_variant_under_the_panels_seeds(panel,
     assert again.exit_code == 0 and "already trained" in again.output
 
 
+def test_against_trains_the_panels_first_seeds_and_compares_over_the_seeds_both_have(panel, tmp_path, monkeypatch):
+    """A panel may hold more seeds of its own schemes than a user's scheme trains (AGAINST_SEEDS, the
+    budget): here one of the panel's two; the panel's rows of both seeds stay, and t5 is counted over
+    the seed it trained."""
+    monkeypatch.setattr(panels, "AGAINST_SEEDS", 1)
+    out = tmp_path / "one"
+    done = run("bench", "--against", panel, "--variants", "t5", "--run-dir", out, "--jobs", "1")
+    assert done.exit_code == 0, done.output
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["t5-seed0"]
+    config = results.read_json(out / results.CONFIG)
+    assert config["seeds"] == [0, 1] and config["against"]["seeds"] == [0, 1]
+    curves = results.read_csv(out / "train.csv")
+    assert sorted(set(curves[curves["variant"] == "t5"]["seed"])) == [0]
+    assert sorted(set(curves[curves["variant"] == "alibi"]["seed"])) == [0, 1]
+    assert "t5: not learned in any seed, so it has no place on the lengths beyond training" in done.output
+
+
 @pytest.mark.parametrize("options,difference", [
     (["--preset", "tiny"], "model.train_length"),               # another preset
     (["--tokenizer", "bpe:300"], "data.tokenizer"),             # another tokenizer

@@ -74,7 +74,7 @@ def bench_command(
     jobs: TrainJobs = "auto",
     against: Annotated[str | None, typer.Option("--against", help="A shipped panel (`retrieval`) or a retrieval run "
                                                 "directory: train only --variants, under the panel's protocol and "
-                                                "seeds, into --run-dir (default runs/against-NAME), and place them "
+                                                "first six seeds, into --run-dir (default runs/against-NAME), and place them "
                                                 "among its schemes (tiers, pairwise decisions). A preset, file or "
                                                 "option that changes the protocol is refused.",
                                                 show_default=False)] = None,
@@ -218,7 +218,7 @@ def bench_against(name: str, variants: list[str] | None, preset: str | None, con
         exp = panels.experiment_of(panel, exp)
         exp.data = dataclasses.replace(exp.data, **{k: v for k, v in overrides["data"].items() if v is not None})
         exp.train = dataclasses.replace(exp.train, **{k: v for k, v in overrides["train"].items() if v is not None})
-    seeds = list(panel["seeds"])
+    seeds = panels.trained_seeds(panel)
     clash = [s for s in trained_variants(specs) if s in panel.get("variants", [])]
     if clash:
         raise UsageError(f"--against {name}: {clash[0]} is one of the panel's schemes already; name a variant of "

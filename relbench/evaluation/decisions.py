@@ -234,7 +234,7 @@ def placement(decisions: Decisions, variant: str) -> str:
     from, decided with its own pairs as the family (comparisons.compare_one: Holm over the schemes it is
     compared with, the claims this line makes)."""
     top = decisions.summary
-    label = summary_label(decisions) if decisions.beyond else "the lengths beyond training"
+    label = summary_label(decisions) if decisions.beyond else "lengths beyond training"
     if top is None or variant not in top.values or not top.values[variant]:
         return f"{variant}: not learned in any seed, so it has no place on the {label}"
     groups: dict[str, list[str]] = {}
