@@ -141,3 +141,21 @@ def test_the_readme_is_short_and_its_headline_is_the_committed_results_own():
     assert f"{headline.BEGIN}\n{table}\n{headline.END}" in readme
     assert table.splitlines()[0].count("|") - 1 <= 6
     assert headline.replace(readme.replace(table, "| stale |"), table) == readme
+
+
+def test_the_full_results_table_is_the_committed_results_own():
+    """docs/results.md's table of every track is exactly what scripts/results_table.py computes from
+    results/ now (rerun it with --write after a regeneration): one row per scheme of the three results,
+    in name order, with every column it names."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("results_table", ROOT / "scripts" / "results_table.py")
+    full = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(full)
+    page = (ROOT / "docs" / "results.md").read_text()
+    table = full.table()
+    assert f"{full.BEGIN}\n{table}\n{full.END}" in page
+    rows = [line for line in table.splitlines()[2:]]
+    names = [row.split("|")[1].strip().strip("`") for row in rows]
+    assert names == sorted(names) and {"alibi", "rope", "xl", "t5", "none"} <= set(names)
+    assert all(row.count("|") == table.splitlines()[0].count("|") for row in rows)
