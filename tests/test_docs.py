@@ -155,7 +155,7 @@ def test_the_full_results_table_is_the_committed_results_own():
     page = (ROOT / "docs" / "results.md").read_text()
     table = full.table()
     assert f"{full.BEGIN}\n{table}\n{full.END}" in page
-    rows = [line for line in table.splitlines()[2:]]
+    rows = table.splitlines()[2:]
     names = [row.split("|")[1].strip().strip("`") for row in rows]
     assert names == sorted(names) and {"alibi", "rope", "xl", "t5", "none"} <= set(names)
     assert all(row.count("|") == table.splitlines()[0].count("|") for row in rows)
