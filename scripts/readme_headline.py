@@ -12,9 +12,10 @@ results/mqar (over its learned seeds; "-" where MQAR was not run for that scheme
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
+
+import marked_block
 
 from relbench.evaluation import decisions
 from relbench.evaluation.reach import Reach, run_reach
@@ -48,20 +49,5 @@ def table(root: Path = ROOT) -> str:
     return "\n".join(lines)
 
 
-def replace(readme: str, new: str) -> str:
-    pattern = re.compile(re.escape(BEGIN) + r"\n(?:.*?\n)?" + re.escape(END), re.S)
-    if not pattern.search(readme):
-        raise SystemExit(f"README.md has no {BEGIN} ... {END} block")
-    return pattern.sub(lambda _: f"{BEGIN}\n{new}\n{END}", readme)
-
-
-def main(argv: list[str]) -> None:
-    new = table()
-    if "--write" in argv:
-        path = ROOT / "README.md"
-        path.write_text(replace(path.read_text(encoding="utf-8"), new), encoding="utf-8")
-    print(new)
-
-
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    marked_block.main(sys.argv[1:], ROOT / "README.md", BEGIN, END, table)

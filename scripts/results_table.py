@@ -14,9 +14,10 @@ results/mqar (the reach with each seed's own, then the accuracy at each length).
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
+
+import marked_block
 
 from relbench.evaluation.reach import Reach, run_reach, steps_to_learn
 from relbench.reporting import overview, report
@@ -68,20 +69,5 @@ def table(root: Path = ROOT) -> str:
     return "\n".join(lines)
 
 
-def replace(page: str, new: str) -> str:
-    pattern = re.compile(re.escape(BEGIN) + r"\n(?:.*?\n)?" + re.escape(END), re.S)
-    if not pattern.search(page):
-        raise SystemExit(f"docs/results.md has no {BEGIN} ... {END} block")
-    return pattern.sub(lambda _: f"{BEGIN}\n{new}\n{END}", page)
-
-
-def main(argv: list[str]) -> None:
-    new = table()
-    if "--write" in argv:
-        path = ROOT / "docs" / "results.md"
-        path.write_text(replace(path.read_text(encoding="utf-8"), new), encoding="utf-8")
-    print(new)
-
-
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    marked_block.main(sys.argv[1:], ROOT / "docs" / "results.md", BEGIN, END, table)
