@@ -68,7 +68,7 @@ MERGE = ["tests/test_merge.py"]
 DECIDE = ["tests/test_comparisons.py", "tests/test_decisions.py"]
 PANELS = ["tests/test_panels.py"]
 FAULTS = ["tests/test_fault_table.py"]
-MEMORY_RUNS = ["tests/test_memory.py::test_training_bytes_is_the_peak_resident_set_of_a_real_run"]
+MEMORY_RUNS = ["tests/test_resident.py::test_training_bytes_is_the_peak_resident_set_of_a_real_run"]
 INTEGRITY = ["tests/test_integrity.py"]
 BAM = ["tests/test_bam.py", "tests/test_capabilities.py"]
 SSMAX = ["tests/test_ssmax.py"]
@@ -471,14 +471,21 @@ MUTATIONS = [
     ("memory: AdamW's state and the gradients left out of the estimate (the weights alone)", "relbench/cost/memory.py",
      "    weights = FLOAT * 4 * parameter_count(model)", "    weights = FLOAT * parameter_count(model)", MEMORY_RUNS),
     ("memory: the blocks glibc's heap keeps left out of the estimate", "relbench/cost/resident.py",
-     "    return int(step + RUNTIME + activations + HEAP_KEPT * gradient_heap_bytes(model))",
-     "    return int(step + RUNTIME)", MEMORY_RUNS),
+     "    return int(step + RUNTIME + activations + HEAP_KEPT * gradient_heap_bytes(model)\n",
+     "    return int(step + RUNTIME\n", MEMORY_RUNS),
+    ("memory: a bias of each sequence's own left out of the estimate (FoX: 0.81x)", "relbench/cost/resident.py",
+     "(layer.cls.content_dependent or layer.cls.key_dependent or layer.cls.input_dependent)",
+     "(layer.cls.content_dependent or layer.cls.key_dependent)",
+     MEMORY_RUNS + ["tests/test_resident.py::test_a_bias_of_each_sequences_own_is_kept_by_the_heap_in_every_layer"]),
+    ("memory: a sequence's bias counted where glibc maps it for itself", "relbench/cost/resident.py",
+     "    return 2 * count * one_layer if one_layer < MMAP_CEILING else 0", "    return 2 * count * one_layer",
+     ["tests/test_resident.py::test_a_bias_of_each_sequences_own_is_kept_by_the_heap_in_every_layer"]),
     ("memory: the process's libraries and corpus left out of the estimate", "relbench/cost/resident.py",
      "RUNTIME = 200 * 2**20", "RUNTIME = 0", MEMORY_RUNS),
     ("memory: the heap said to keep blocks above glibc's mmap ceiling", "relbench/cost/resident.py",
      "    below = [per_row for per_row, shared in roles if batch * per_row + shared < MMAP_CEILING]",
      "    below = [per_row for per_row, shared in roles]",
-     ["tests/test_memory.py::test_the_heap_keeps_only_what_lies_below_glibcs_mmap_ceiling"]),
+     ["tests/test_resident.py::test_the_heap_keeps_only_what_lies_below_glibcs_mmap_ceiling"]),
     ("memory: the weights a linear layer saves transposed counted as saved tensors", "relbench/cost/memory.py",
      "        if storage.data_ptr() not in weights:", "        if not (tensor.requires_grad and tensor.grad_fn is None):",
      ["tests/test_memory.py::test_the_probe_leaves_out_the_weights_a_linear_layer_saves_transposed"]),

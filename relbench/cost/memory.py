@@ -256,17 +256,12 @@ def _probe_lines(model: ModelConfig, precision: str, layers: tuple[int, ...]) ->
 
 def _fit_line(gpt, model: ModelConfig, backend: str, precision: str) -> tuple[float, float]:
     """The saved bytes of `gpt` probed and fitted (see step_bytes)."""
-    from relbench.attention import chunk_block
-
     top = model.train_length
     longest = min(32, top)
     lengths = sorted({max(2, longest // 4), max(2, longest // 2), longest}) if top > 2 else [top]
 
     def pairs(length: int) -> int:
-        if backend != "chunked":
-            return length * length
-        block = chunk_block(length, model.n_heads)
-        return sum((end := min(length, start + block)) * (end - start) for start in range(0, length, block))
+        return visited_pairs(length, model.n_heads, backend)
 
     per_sequence, whole = [], []
     for length in lengths:
@@ -289,6 +284,17 @@ def _fit_line(gpt, model: ModelConfig, backend: str, precision: str) -> tuple[fl
         (c, k), e = fit([[pairs(n), 1] for n in lengths], whole), 0.0
     length, target = model.train_length, pairs(model.train_length)
     return a * length + b * target, c * target + e * length + k
+
+
+def visited_pairs(length: int, heads: int, backend: str) -> int:
+    """The (query, key) pairs an attention path computes a score for at `length`: every pair where it
+    builds the square, the causal blocks' where it runs chunked."""
+    from relbench.attention import chunk_block
+
+    if backend != "chunked":
+        return length * length
+    block = chunk_block(length, heads)
+    return sum((end := min(length, start + block)) * (end - start) for start in range(0, length, block))
 
 
 def with_backward(model: ModelConfig, batch_size: int, weights: float, saved: float) -> int:

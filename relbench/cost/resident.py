@@ -3,7 +3,7 @@ memory check compares with the memory the device has): on CPU, the training proc
 set, which holds beyond the tensors of its step (memory.step_bytes) what this module adds.
 
 Two terms, measured against a process that only imports relbench and torch (docs/performance.md,
-"Memory"; tests/test_memory.py runs `relbench train` to check them):
+"Memory"; tests/test_resident.py runs `relbench train` to check them):
 - RUNTIME: the command's own libraries (75 MB), the embedded corpus (30 MB), the modules AdamW's first
   construction imports (torch._dynamo, sympy: 68 MB) and the kernels' workspaces on a first step
   (17 MB), with room for the retrieval tasks' trials;
@@ -88,7 +88,27 @@ def process_bytes(model: ModelConfig, batch_size: int, precision: str, step: int
     if torch.device(device).type != "cpu":
         return step
     activations = (HEAP_KEPT_BF16 if precision == "bf16" else HEAP_KEPT) * heap_share(model, batch_size, precision) * rows
-    return int(step + RUNTIME + activations + HEAP_KEPT * gradient_heap_bytes(model))
+    return int(step + RUNTIME + activations + HEAP_KEPT * gradient_heap_bytes(model)
+               + sequence_bias_bytes(model, batch_size, precision))
+
+
+def sequence_bias_bytes(model: ModelConfig, batch_size: int, precision: str) -> int:
+    """The heap's blocks kept of the bias that a scheme whose bias depends on the sequence (on its
+    queries, keys or layer input: Shaw, CoPE, DAPE, FoX, PaTH) builds in each of its layers for every
+    sequence, a (batch, heads, pairs) tensor in the forward and its gradient in the backward: not saved
+    by autograd, so memory.saved_line does not see them, and freed within the layer, at sizes the next
+    step's requests do not fill again. Both counted whole, in fp32, for every such layer (measured, not
+    derived: docs/performance.md, "Memory"); nothing where one layer's lies at or above the ceiling."""
+    from relbench import positions
+
+    layers = positions.parse(model.position).layers(model.n_layers)
+    count = sum(1 for layer in layers if layer.cls.adds_bias and
+                (layer.cls.content_dependent or layer.cls.key_dependent or layer.cls.input_dependent))
+    if not count:
+        return 0
+    pairs = memory.visited_pairs(model.train_length, model.n_heads, memory.training_backend(model, precision))
+    one_layer = memory.FLOAT * batch_size * model.n_heads * pairs
+    return 2 * count * one_layer if one_layer < MMAP_CEILING else 0
 
 
 def gradient_heap_bytes(model: ModelConfig) -> int:
