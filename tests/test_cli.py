@@ -334,4 +334,4 @@ def test_help_keeps_each_example_on_a_line_of_its_own(command):
     text = run(command, "--help").output
     block = text.split("Examples:")[1].split("Options:")[0].split("Arguments:")[0]
     lines = [line.strip() for line in block.splitlines() if line.strip()]
-    assert lines and all(line.startswith("relbench ") for line in lines), lines
+    assert lines and all(line.startswith("relbench ") and line.count("relbench ") == 1 for line in lines), lines

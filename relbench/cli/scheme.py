@@ -57,7 +57,9 @@ def check_command(
     training, gradients, every attention backend it claims against the reference, initialisation
     inside a GPT and determinism per seed. Prints what each measured; exit 1 on a failure.
 
-    Example: relbench check mybias.py    relbench check mybias.py:MyBias    relbench check alibi
+    Example: relbench check mybias.py
+             relbench check mybias.py:MyBias
+             relbench check alibi
     """
     use_plugins(plugin)
     spec, _ = _target(target)
