@@ -3,9 +3,18 @@
 # every output line stamped with the seconds since the start, so that the first comparison (the
 # language models' report: the first "wrote ... report.md") and the end can be read off
 # (docs/performance.md, "How long the main job takes"). Uses the active environment's relbench code
-# from the clone (PYTHONPATH), not the installed copy. Usage: bash scripts/time_main_job.sh [LOG]
+# from the clone (PYTHONPATH), not the installed copy. Usage: bash scripts/time_main_job.sh [LOG [ARGS...]]:
+# ARGS replace `bench`'s defaults, e.g. the placement of the new-variant template among the shipped panel:
+#   bash scripts/time_main_job.sh against.log new-variant mybias -- bench --plugin mybias.py --variants mybias --against retrieval
+# (a first command before `--` runs untimed in the clone, to set the timed one up).
 set -euo pipefail
 log=${1:-main_job.log}
+shift || true
+args=("$@"); setup=()
+for i in "${!args[@]}"; do
+  if [ "${args[$i]}" = "--" ]; then setup=("${args[@]:0:$i}"); args=("${args[@]:$((i + 1))}"); break; fi
+done
+[ ${#args[@]} -gt 0 ] || args=(bench)
 here=$(git rev-parse --show-toplevel)
 clone=$(mktemp -d)
 git clone -q "$here" "$clone"
@@ -15,7 +24,9 @@ python=$(command -v python)
   lscpu | grep "Model name" || true
   echo "flags: $(grep -ow 'avx2\|avx512_bf16\|amx_tile' /proc/cpuinfo 2>/dev/null | sort -u | tr '\n' ' ')"
   cd "$clone"
-  PYTHONPATH="$clone" COLUMNS=160 /usr/bin/time -v "$python" -m relbench bench 2>&1 | "$python" -u -c '
+  [ ${#setup[@]} -eq 0 ] || PYTHONPATH="$clone" "$python" -m relbench "${setup[@]}"
+  echo "timed: relbench ${args[*]}"
+  PYTHONPATH="$clone" COLUMNS=160 /usr/bin/time -v "$python" -m relbench "${args[@]}" 2>&1 | "$python" -u -c '
 import sys, time
 start = time.time()
 for line in sys.stdin:
