@@ -118,4 +118,5 @@ def new_variant_command(
     path.write_text(template(name, kind), encoding="utf-8")
     console.print(f"wrote {path}: a {kind} scheme registered as {name}. Next:\n"
                   f"  relbench check {path}\n"
-                  f"  relbench bench --plugin {path} --variants {name} alibi xl t5", markup=False)
+                  f"  relbench bench --plugin {path} --variants {name} --against retrieval   "
+                  "(placed among the shipped panel)", markup=False)

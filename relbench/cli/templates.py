@@ -10,7 +10,8 @@ _HEADER = '''"""{name}: a position scheme of your own for relbench (written by `
 Use it without touching relbench:
 
     relbench check {file}                              # the contract, property by property
-    relbench bench --plugin {file} --variants {name} alibi xl t5
+    relbench bench --plugin {file} --variants {name} --against retrieval   # its tier among the shipped panel
+    relbench bench --plugin {file} --variants {name} alibi xl t5           # or beside baselines trained here
 
 The class below is an ordinary relbench PositionEncoding registered under "{name}". Change the
 maths where the comments say so, keep the declarations (the class attributes) true to what the
