@@ -20,15 +20,10 @@ B=${B:-"t5 dynamic fox:bias_init=5"}
 LEVER=${LEVER:-}
 P=results/protocol
 if [ -n "$LEVER" ]; then
-  worker() {   # worker FOLDER VARIANTS...
-    local run=$1; shift
-    for seed in $SEEDS; do   # seed-major: a stopped run keeps every finished seed
-      relbench train --config "$P/$LEVER.toml" --seeds "$seed" --variants "$@" --run-dir "$run"
-      relbench extrapolate --run-dir "$run" --seeds "$seed" --variants "$@" --task passkey
-    done
-  }
-  OMP_NUM_THREADS=1 worker "$P/$LEVER-w1" $A &
-  OMP_NUM_THREADS=1 worker "$P/$LEVER-w2" $B &
+  for worker in "w1:$A" "w2:$B"; do   # results/retrieval's seed-major loop under the lever's file
+    RUN="$P/$LEVER-${worker%%:*}" VARIANTS="${worker#*:}" CONFIG="$P/$LEVER.toml" SEEDS="$SEEDS" \
+      OMP_NUM_THREADS=1 bash results/retrieval/regenerate.sh &
+  done
   wait
   relbench merge "$P/$LEVER-w1" "$P/$LEVER-w2" --run-dir "$P/$LEVER"
   relbench report --run-dir "$P/$LEVER"

@@ -10,9 +10,11 @@ set -euo pipefail
 RUN=${RUN:-results/retrieval}
 SEEDS=${SEEDS:-0}              # e.g. SEEDS="0 1 2"
 VARIANTS=${VARIANTS:-}         # e.g. VARIANTS="t5 alibi rope" (default: every registered variant)
+CONFIG=${CONFIG:-}             # an experiment file in place of the preset (results/protocol's levers)
 only=(); [ -n "$VARIANTS" ] && only=(--variants $VARIANTS)
+setup=(--preset retrieval); [ -n "$CONFIG" ] && setup=(--config "$CONFIG")
 for seed in $SEEDS; do   # one seed at a time: a stopped run keeps every finished seed
-  relbench train --preset retrieval --seeds "$seed" "${only[@]}" --run-dir "$RUN"
+  relbench train "${setup[@]}" --seeds "$seed" "${only[@]}" --run-dir "$RUN"
   relbench extrapolate --run-dir "$RUN" --seeds "$seed" "${only[@]}" --task passkey
 done
 relbench report --run-dir "$RUN"
