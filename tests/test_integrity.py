@@ -3,6 +3,7 @@ run, `relbench verify` says what can still be proven and --repair records only w
 without its config.json is adopted by no configuration; merge refuses a damaged checkpoint."""
 
 import json
+import shlex
 import shutil
 
 import pytest
@@ -77,7 +78,7 @@ def test_a_damaged_config_says_to_restore_it_not_to_delete_it(copy):
     assert "delete it" not in done.output
 
 
-def test_merge_refuses_a_truncated_checkpoint_and_writes_nothing(trained, tmp_path):  # noqa: F811
+def test_merge_refuses_a_truncated_checkpoint_writes_nothing_and_prints_a_fix_that_works(trained, tmp_path):  # noqa: F811
     source = tmp_path / "source"
     assert run("train", "--preset", "tiny", "--variants", "xl", "--run-dir", source).exit_code == 0
     model = rundir.checkpoint_dir(source, "xl", 0) / checkpoints.MODEL_FILE
@@ -89,11 +90,12 @@ def test_merge_refuses_a_truncated_checkpoint_and_writes_nothing(trained, tmp_pa
     assert_one_line_error(done, 1, "corrupt or truncated", "nothing was written")
     after = {p: p.read_bytes() for p in target.rglob("*") if p.is_file() and not p.name.startswith(".lock")}
     assert after == before and json.loads((target / results.CONFIG).read_text())["variants"] == ["alibi"]
+    printed = shlex.split(done.output.split("`")[1])  # the fix, typed as printed, retrains it; then it merges
+    assert printed[:2] == ["relbench", "train"] and run(*printed[1:]).exit_code == 0
+    assert run("merge", source, "--run-dir", target).exit_code == 0
 
 
 def test_the_fix_printed_for_a_corrupt_checkpoint_works_as_printed(copy):
-    import shlex
-
     model = rundir.checkpoint_dir(copy, "alibi", 0) / checkpoints.MODEL_FILE
     model.write_bytes(model.read_bytes()[:100])
     done = run("extrapolate", "--run-dir", copy, "--lengths", 32, "--force")

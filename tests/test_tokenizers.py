@@ -349,7 +349,8 @@ def test_tiny_bpe_run_trains_extrapolates_and_reports(tmp_path):
     one_line_error(run("extrapolate", "--run-dir", run_dir, "--lengths", 32, "--force"), 1,
                    "trained with tokenizer bytes", "reads bpe:300")
     results.write_json(folder / checkpoints.META_FILE, {**meta, "tokenizer_fingerprint": "bpe:300@0123"})
-    one_line_error(run("extrapolate", "--run-dir", run_dir, "--lengths", 32, "--force"), 1, "rebuilt differently")
+    one_line_error(run("extrapolate", "--run-dir", run_dir, "--lengths", 32, "--force"), 1, "rebuilt differently",
+                   f"relbench train --run-dir {run_dir} --config {run_dir / 'config.toml'}")  # the run's own
 
 
 def test_a_hub_stream_offline_fails_fast_in_one_line(tmp_path, monkeypatch):

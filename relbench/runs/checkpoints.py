@@ -90,8 +90,8 @@ def check_tokenizer(folder: Path, tokenizer) -> None:
                             f"{tokenizer.name}; evaluate it in a run directory trained with {name}")
     if fingerprint is not None and fingerprint != tokenizer.fingerprint:
         raise RelbenchError(f"checkpoint {folder} was trained with {fingerprint}, but {name} is now "
-                            f"{tokenizer.fingerprint} (its cached copy was rebuilt differently); retrain it with `relbench "
-                            f"train --force --variants {meta.get('variant', '?')} --seeds {meta.get('seed', 0)}`")
+                            f"{tokenizer.fingerprint} (its cached copy was rebuilt differently); retrain it with "
+                            f"`{retrain_command(folder, meta)}`")
 
 
 def _safe_load(path: Path, what: str, fix: str, data: bytes | None = None) -> Any:
@@ -103,6 +103,17 @@ def _safe_load(path: Path, what: str, fix: str, data: bytes | None = None) -> An
         raise RelbenchError(f"{what} {path} is corrupt or unreadable ({type(error).__name__}); {fix}") from None
 
 
+def retrain_command(folder: Path, meta: dict[str, Any] | None = None) -> str:
+    """The command that trains the checkpoint in `folder` again, as it can be typed: its run directory,
+    the run's own settings (config.toml beside config.json), its variant and seed, --force."""
+    meta = read_meta(folder) if meta is None else meta
+    meta = meta or {}
+    run_dir = Path(folder).parent.parent
+    return (f"relbench train --run-dir {shlex.quote(str(run_dir))} --config "
+            f"{shlex.quote(str(run_dir / 'config.toml'))} --variants {shlex.quote(str(meta.get('variant', '?')))} "
+            f"--seeds {meta.get('seed', 0)} --force")
+
+
 def load_model(folder: Path, device: torch.device | str = "cpu"):
     """The GPT saved in `folder`, on `device`, in eval mode, after checking it against meta.json."""
     from relbench.config import ModelConfig
@@ -112,10 +123,7 @@ def load_model(folder: Path, device: torch.device | str = "cpu"):
     if meta is None:
         raise RelbenchError(f"no checkpoint in {folder}; run `relbench train` for this variant")
     path = Path(folder) / MODEL_FILE
-    run_dir = Path(folder).parent.parent
-    fix = (f"retrain it with `relbench train --run-dir {shlex.quote(str(run_dir))} --config "
-           f"{shlex.quote(str(run_dir / 'config.toml'))} --variants {shlex.quote(str(meta.get('variant', '?')))} "
-           f"--seeds {meta.get('seed', 0)} --force`")
+    fix = f"retrain it with `{retrain_command(folder, meta)}`"
     try:
         data = path.read_bytes()
     except OSError as error:

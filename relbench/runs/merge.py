@@ -232,9 +232,8 @@ def _checkpoint_copies(target: Path, sources: list[Path], replace: bool, seeds: 
                 continue
             problem = checkpoints.damage(checkpoint)
             if problem:
-                raise RelbenchError(f"{problem}, in a run to fold in; nothing was written: retrain it in {source} "
-                                    f"(relbench train --run-dir {source} --force with its variant and seed) or delete "
-                                    f"{checkpoint} there")
+                raise RelbenchError(f"{problem}, in a run to fold in; nothing was written: retrain it with "
+                                    f"`{checkpoints.retrain_command(checkpoint)}` or delete {checkpoint} there")
             copies.append((checkpoint, there))
     return copies
 
