@@ -588,6 +588,10 @@ MUTATIONS = [
      "    if known is None:\n        where", "    if False:\n        where", INTEGRITY),
     ("faults: merge copies a truncated checkpoint", "relbench/runs/merge.py",
      "            problem = checkpoints.damage(checkpoint)", "            problem = None", INTEGRITY),
+    ("faults: the retrain command printed for a damaged checkpoint leaves out the run's settings",
+     "relbench/runs/checkpoints.py", "    return (f\"relbench train --run-dir {shlex.quote(str(run_dir))} --config \"\n"
+     "            f\"{shlex.quote(str(run_dir / 'config.toml'))} --variants",
+     "    return (f\"relbench train --run-dir {shlex.quote(str(run_dir))} \"\n            f\"--variants", INTEGRITY),
     ("faults: a run without config.json is adopted", "relbench/runs/runconfig.py",
      "    if not path.is_file() and ((Path(run_dir) / \"checkpoints\").is_dir()",
      "    if False and ((Path(run_dir) / \"checkpoints\").is_dir()", INTEGRITY),
