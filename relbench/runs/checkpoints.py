@@ -106,8 +106,7 @@ def _safe_load(path: Path, what: str, fix: str, data: bytes | None = None) -> An
 def retrain_command(folder: Path, meta: dict[str, Any] | None = None) -> str:
     """The command that trains the checkpoint in `folder` again, as it can be typed: its run directory,
     the run's own settings (config.toml beside config.json), its variant and seed, --force."""
-    meta = read_meta(folder) if meta is None else meta
-    meta = meta or {}
+    meta = (read_meta(folder) if meta is None else meta) or {}
     run_dir = Path(folder).parent.parent
     return (f"relbench train --run-dir {shlex.quote(str(run_dir))} --config "
             f"{shlex.quote(str(run_dir / 'config.toml'))} --variants {shlex.quote(str(meta.get('variant', '?')))} "
