@@ -6,6 +6,8 @@
 # from the clone (PYTHONPATH), not the installed copy. Usage: bash scripts/time_main_job.sh [LOG [ARGS...]]:
 # ARGS replace `bench`'s defaults, e.g. the placement of the new-variant template among the shipped panel:
 #   bash scripts/time_main_job.sh against.log new-variant mybias -- bench --plugin mybias.py --variants mybias --against retrieval
+# On a CPU with AVX-512, the AVX2 code paths (torch's kernels, oneDNN, MKL) stand in for an AVX2-only host:
+#   ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 bash scripts/time_main_job.sh avx2.log
 # (a first command before `--` runs untimed in the clone, to set the timed one up).
 set -euo pipefail
 log=${1:-main_job.log}
@@ -23,6 +25,8 @@ python=$(command -v python)
   git -C "$clone" log --oneline -1
   lscpu | grep "Model name" || true
   echo "flags: $(grep -ow 'avx2\|avx512_bf16\|amx_tile' /proc/cpuinfo 2>/dev/null | sort -u | tr '\n' ' ')"
+  echo "torch CPU capability: $("$python" -c 'import torch; print(torch.backends.cpu.get_cpu_capability())')" \
+    "ATEN_CPU_CAPABILITY=${ATEN_CPU_CAPABILITY:-} ONEDNN_MAX_CPU_ISA=${ONEDNN_MAX_CPU_ISA:-} MKL_ENABLE_INSTRUCTIONS=${MKL_ENABLE_INSTRUCTIONS:-}"
   cd "$clone"
   [ ${#setup[@]} -eq 0 ] || PYTHONPATH="$clone" "$python" -m relbench "${setup[@]}"
   echo "timed: relbench ${args[*]}"

@@ -27,7 +27,7 @@ if [ -n "$LEVER" ]; then
   wait
   relbench merge "$P/$LEVER-w1" "$P/$LEVER-w2" --run-dir "$P/$LEVER"
   relbench report --run-dir "$P/$LEVER"
-  python $P/analyse.py criterion=$P/criterion "$LEVER=$P/$LEVER"
+  python $P/analyse.py criterion=$P/criterion "$LEVER=$P/$LEVER" committed=results/retrieval --pair="criterion,$LEVER"
   exit 0
 fi
 OMP_NUM_THREADS=1 python $P/explore.py --run $P/w1 --variants $A --seeds $SEEDS --consolidate "$CONSOLIDATE" &
