@@ -6,9 +6,10 @@
 # from the clone (PYTHONPATH), not the installed copy. Usage: bash scripts/time_main_job.sh [LOG [ARGS...]]:
 # ARGS replace `bench`'s defaults, e.g. the placement of the new-variant template among the shipped panel:
 #   bash scripts/time_main_job.sh against.log new-variant mybias -- bench --plugin mybias.py --variants mybias --against retrieval
-# On a CPU with AVX-512, the AVX2 code paths (torch's kernels, oneDNN, MKL) stand in for an AVX2-only host:
-#   ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 bash scripts/time_main_job.sh avx2.log
 # (a first command before `--` runs untimed in the clone, to set the timed one up).
+# ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 in the environment restrict
+# torch, oneDNN and MKL to their AVX2 code paths (the header prints torch's capability); on an AVX-512 EPYC
+# that was no slower, so it does not stand in for an AVX2-only host (docs/performance.md).
 set -euo pipefail
 log=${1:-main_job.log}
 shift || true
