@@ -78,33 +78,27 @@ def weights_run(out: Path, moments: list[Path]) -> None:
         checkpoints.save_checkpoint(rundir.checkpoint_dir(out, meta["variant"], meta["seed"]), mean, meta)
 
 
-def pooled_sd(groups: list[list[float]]) -> float:
-    groups = [g for g in groups if len(g) >= 2]
-    dof = sum(len(g) - 1 for g in groups)
-    if not dof:
-        return math.nan
-    return math.sqrt(sum(sum((x - sum(g) / len(g)) ** 2 for x in g) for g in groups) / dof)
-
-
 def decomposition(moments: list[Path], averaged: Path) -> None:
     """The table of the module's docstring, with the between-scheme sd beside it."""
     decided = [decisions.decide(reach.run_reach(m, f"{TASK}.csv"), TASK, TRAIN_LENGTH) for m in moments]
-    mean = decisions.decide(reach.run_reach(averaged, f"{TASK}.csv"), TASK, TRAIN_LENGTH)
+    found = reach.run_reach(averaged, f"{TASK}.csv")
+    mean = decisions.decide(found, TASK, TRAIN_LENGTH)
     print(f"{len(moments)} moments")
     print("family | sd over moments (one seed) | sd over seeds, one moment | sd over seeds, averaged | "
           "sd between schemes, one moment | averaged | decided, moment 0 | averaged")
     for key, family in mean.families.items():
         per = [d.families[key].values for d in decided if key in d.families]
         learned = {(v, s) for v, seeds in per[0].items() for s in seeds}
-        over_moments = [[p[v][s] for p in per if s in p.get(v, {})] for v, s in sorted(learned)]
+        # one "scheme" per run: its moments' values, so spread's pooled within is the sd over moments
+        over_moments = {f"{v} {s}": dict(enumerate(p[v][s] for p in per if s in p.get(v, {}))) for v, s in learned}
         one = [cmp.spread(p)[0] for p in per]
         between = [cmp.spread(p)[1] for p in per]
         label = "mean beyond" if key == decisions.SUMMARY else f"{key // TRAIN_LENGTH}x"
         within_avg, between_avg = cmp.spread(family.values)
-        print(f"{label} | {pooled_sd(over_moments):.3f} | {sum(one) / len(one):.3f} | {within_avg:.3f} | "
+        print(f"{label} | {cmp.spread(over_moments)[0]:.3f} | {sum(one) / len(one):.3f} | {within_avg:.3f} | "
               f"{sum(between) / len(between):.3f} | {between_avg:.3f} | {decided[0].families[key].decided:.0%} | "
               f"{family.decided:.0%}")
-    for v, r in sorted(reach.run_reach(averaged, f"{TASK}.csv").items()):
+    for v, r in sorted(found.items()):
         seeds = r.learned_seeds
         cells = [f"{n // TRAIN_LENGTH}x " + "/".join(f"{r.per_seed[s].get(n, math.nan):.0%}" for s in seeds)
                  for n in mean.beyond]
