@@ -120,6 +120,11 @@ class TrainConfig:
                                     # rate decayed (cosine) from its value there to lr * consolidate_lr_ratio,
                                     # so a model is measured converged, not at its transition. 0: stop at the criterion
     consolidate_lr_ratio: float = 0.1  # where consolidation's decay ends, as a fraction of the peak lr
+    moments: int = 1                # retrieval tasks: the model is measured at this many moments of its run, the
+                                    # check that confirms the criterion and every eval_every steps after it at
+                                    # the rate it had ((moments - 1) * eval_every steps more); `extrapolate`
+                                    # deals each cell's trials among them (one moment's luck averaged away at
+                                    # the same evaluation cost). 1: the model at the criterion alone
     eval_every: int = 100           # validation loss every this many steps (and at the end)
     checkpoint_every: int = 100     # resumable checkpoint every this many steps (and on Ctrl-C / SIGTERM)
     eval_batches: int = 4           # validation batches (fixed, the same for every variant)
@@ -167,9 +172,18 @@ class TrainConfig:
         if self.consolidate_steps and not self.criterion_accuracy > 0:
             raise UsageError("consolidate_steps continues training after the criterion is met, and this run has no "
                              "criterion (criterion_accuracy = 0); set criterion_accuracy, or consolidate_steps = 0")
+        if self.moments < 1 or (self.moments > 1 and (self.consolidate_steps or not self.criterion_accuracy > 0)):
+            raise UsageError(f"moments must be >= 1 (got {self.moments}); more than one trains on after the criterion "
+                             f"at a constant rate, so it needs criterion_accuracy > 0 and consolidate_steps = 0 (got "
+                             f"{self.criterion_accuracy} and {self.consolidate_steps})")
         if self.criterion_accuracy > 0 and self.task == "lm":
             raise UsageError("criterion_accuracy stops on retrieval accuracy, which a language-model run (task = "
                              "\"lm\") does not measure; set task = \"passkey\" or \"mqar\", or criterion_accuracy = 0")
+
+    @property
+    def after_criterion(self) -> int:
+        """The steps a run trained to criterion goes on once it is met: consolidation's, or the moments'."""
+        return self.consolidate_steps or (self.moments - 1) * self.eval_every
 
 
 @dataclass

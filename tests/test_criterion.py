@@ -173,3 +173,78 @@ def test_a_consolidated_runs_summary_from_its_curve_keeps_when_it_learned(monkey
     run = {"model": to_dict(MODEL), "train": to_dict(config)}
     rebuilt = summary_from_rows("alibi", 0, pd.DataFrame(rows), run)
     assert rebuilt["learned"] is True and rebuilt["learned_step"] == 2 and rebuilt["consolidated_steps"] == 4
+
+
+def test_moments_train_on_at_the_rate_they_had_and_keep_each_moment(monkeypatch, tmp_path):
+    """[train] moments = 3: the run goes on two checks past the one that confirms its criterion (step 8
+    here, past the cap) at the rate it had, saves the weights at steps 8 and 10 as it goes, and ends at
+    12 with the model of a run that simply trained on; the first moment is the criterion run's model."""
+    from relbench.runs import checkpoints
+
+    accuracies = [0.1, 0.2, 0.96, 0.97, 0.5, 0.99]
+    config = {"steps": 8, "lr": 2e-3, "warmup_steps": 1}
+    scripted(monkeypatch, accuracies)
+    train = TrainConfig(**{"task": "passkey", "batch_size": 2, "eval_every": 2, "eval_batches": 1,
+                           "criterion_accuracy": 0.95, "criterion_checks": 2, "criterion_trials": 10,
+                           "min_lr_ratio": 0.5, "moments": 3, **config})
+    model, rows, summary = train_module.train_variant("alibi", MODEL, train, load_splits(), torch.device("cpu"),
+                                                      folder=tmp_path)
+    assert summary["learned_step"] == 6 and summary["steps"] == 12 and summary["moments"] == [8, 10, 12]
+    assert sorted(p.name for p in tmp_path.glob("moment*.pt")) == ["moment0.pt", "moment1.pt"]
+    rates = pd.DataFrame(rows).set_index("step")["lr"]
+    # held where the cosine to half the peak left it at the cap, not decayed on, not back at the peak
+    assert rates.loc[8] == pytest.approx(1e-3) and rates.loc[9:12].tolist() == pytest.approx([1e-3] * 4)
+    criterion, _, plain, _ = run(monkeypatch, accuracies[:4], **config, min_lr_ratio=0.5)
+    assert plain["steps"] == 8 and plain["moments"] == []
+    first = torch.load(tmp_path / "moment0.pt", weights_only=True)
+    for name, weight in criterion.state_dict().items():
+        torch.testing.assert_close(first[name], weight, rtol=0, atol=0, msg=name)
+    second, last = torch.load(tmp_path / "moment1.pt", weights_only=True), model.state_dict()
+    assert not any(torch.equal(second[k], last[k]) or torch.equal(second[k], first[k]) for k in last
+                   if k.endswith("attn.qkv.weight"))   # three moments, three models
+    checkpoints.clear_moments(tmp_path)
+    assert not list(tmp_path.glob("moment*.pt"))
+
+
+def test_moments_options_are_checked():
+    assert TrainConfig(task="passkey", criterion_accuracy=0.9, moments=5, eval_every=50).after_criterion == 200
+    assert TrainConfig(task="passkey", criterion_accuracy=0.9, consolidate_steps=30).after_criterion == 30
+    for bad in ({"moments": 0, "criterion_accuracy": 0.9}, {"moments": 3},
+                {"moments": 3, "criterion_accuracy": 0.9, "consolidate_steps": 10}):
+        with pytest.raises(UsageError, match="moments must be"):
+            TrainConfig(task="passkey", **bad)
+
+
+def test_a_run_interrupted_between_its_moments_resumes_to_the_same_moments(monkeypatch, tmp_path):
+    """Stopped at step 9 (moment 0 saved at 8, moment 1 not yet), resumed: the moments and the final
+    model are the uninterrupted run's, bit for bit, and the summary lists every moment once."""
+    import signal
+
+    from relbench.training.stopping import Interrupted, StopRequest
+
+    train = TrainConfig(task="passkey", steps=8, batch_size=2, eval_every=2, eval_batches=1, warmup_steps=1,
+                        criterion_accuracy=0.95, criterion_checks=2, criterion_trials=10, min_lr_ratio=1.0,
+                        moments=3, checkpoint_every=1)
+    accuracies = [0.1, 0.2, 0.96, 0.97, 0.5, 0.99]
+    scripted(monkeypatch, accuracies)
+    straight = tmp_path / "straight"
+    model, _, summary = train_module.train_variant("alibi", MODEL, train, load_splits(), torch.device("cpu"),
+                                                   folder=straight)
+    stop, cut = StopRequest(), tmp_path / "cut"
+
+    def at(row):
+        if row["step"] == 9:
+            stop.signum = signal.SIGINT
+    scripted(monkeypatch, accuracies)
+    with pytest.raises(Interrupted):
+        train_module.train_variant("alibi", MODEL, train, load_splits(), torch.device("cpu"), folder=cut, stop=stop,
+                                   on_row=at)
+    assert [p.name for p in cut.glob("moment*.pt")] == ["moment0.pt"]
+    scripted(monkeypatch, accuracies[4:])
+    resumed, _, again = train_module.train_variant("alibi", MODEL, train, load_splits(), torch.device("cpu"),
+                                                   folder=cut)
+    assert summary["moments"] == again["moments"] == [8, 10, 12]
+    for name in ("moment0.pt", "moment1.pt"):
+        assert (straight / name).read_bytes() == (cut / name).read_bytes()
+    for (name, a), (_, b) in zip(model.state_dict().items(), resumed.state_dict().items()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)

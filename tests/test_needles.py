@@ -236,7 +236,7 @@ def job(length, trials):
 def test_rows_through_the_evaluator():
     evaluator = RetrievalEvaluator(TASK)
     base = {"variant": "alibi", "seed": 0}
-    rows = evaluator.value_rows(Recall(4), base, 100, TASK.axis_values, job(100, 8))
+    rows = evaluator.value_rows([Recall(4)], base, 100, TASK.axis_values, job(100, 8))
     plan = TASK.trials(STREAM.size, 100, list(TASK.axis_values), 8, TOKENIZER, OPTIONS)
     assert len(rows) == 4
     for k, mine in zip(TASK.axis_values, rows):
@@ -249,15 +249,31 @@ def test_rows_through_the_evaluator():
             assert r["status"] == "ok" and r["correct"] == r["queries"] and r["accuracy"] == 1.0
             assert (r["acc_low"], r["acc_high"]) == pytest.approx(wilson(r["queries"], r["queries"]))
     # another variant, another model: the same trials, so the same bins and queries, here all wrong
-    other = evaluator.value_rows(NextToken(fixed=SPACE), {"variant": "rope", "seed": 0}, 100, TASK.axis_values,
+    other = evaluator.value_rows([NextToken(fixed=SPACE)], {"variant": "rope", "seed": 0}, 100, TASK.axis_values,
                                  job(100, 8))
     assert [[(r["distance_low"], r["queries"]) for r in m] for m in other] == \
         [[(r["distance_low"], r["queries"]) for r in m] for m in rows]
     assert all(r["correct"] == 0 and r["acc_low"] == 0.0 for m in other for r in m)
     # some conditions only (a partial re-run): the same trials of each
-    part = evaluator.value_rows(Recall(4), base, 100, (3,), job(100, 8))
+    part = evaluator.value_rows([Recall(4)], base, 100, (3,), job(100, 8))
     assert part == [rows[2]]
     # a length too short for five distractors: every condition's row says so
-    short = evaluator.value_rows(Recall(4), base, 50, TASK.axis_values, job(50, 8))
+    short = evaluator.value_rows([Recall(4)], base, 50, TASK.axis_values, job(50, 8))
     assert [len(m) for m in short] == [1] * 4
     assert all(m[0]["status"] == "unsupported" and "58" in m[0]["message"] and m[0]["queries"] == 0 for m in short)
+
+
+def test_a_runs_moments_share_each_conditions_trials():
+    """[train] moments: each condition's trials are dealt among the run's moments, trial i of a
+    condition to moment i mod K, so with a right model first and two wrong ones, trials 0, 3 and 6 of
+    every condition (of 8) are right, and a partial re-run deals them the same way."""
+    evaluator = RetrievalEvaluator(TASK)
+    base = {"variant": "alibi", "seed": 0}
+    moments = [Recall(4), NextToken(fixed=SPACE), NextToken(fixed=SPACE)]
+    rows = evaluator.value_rows(moments, base, 100, TASK.axis_values, job(100, 8))
+    alone = evaluator.value_rows([Recall(4)], base, 100, TASK.axis_values, job(100, 8))
+    assert [sum(r["queries"] for r in m) for m in rows] == [sum(r["queries"] for r in m) for m in alone] == [8] * 4
+    assert [sum(r["correct"] for r in m) for m in rows] == [3] * 4
+    reversed_ = evaluator.value_rows(moments[::-1], base, 100, TASK.axis_values, job(100, 8))
+    assert [sum(r["correct"] for r in m) for m in reversed_] == [2] * 4      # trials 2 and 5 of each
+    assert evaluator.value_rows(moments, base, 100, (3,), job(100, 8)) == [rows[2]]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -143,7 +143,8 @@ def not_learned(meta: dict[str, Any], task: str, spec: str = "") -> str | None:
 
 class Evaluator(abc.ABC):
     """A task's evaluation. `todo` lists the work items of one variant x seed at `lengths[index]`
-    still to do (protocols, distances, depths: hashable, picklable); `rows` computes them."""
+    still to do (protocols, distances, depths: hashable, picklable); `rows` computes them from the
+    run's moments ([train] moments; one model for most runs), the finished model last."""
 
     task: Task
 
@@ -152,7 +153,7 @@ class Evaluator(abc.ABC):
         """The work items still to do at `job.lengths[index]`."""
 
     @abc.abstractmethod
-    def rows(self, model: GPT, base: dict[str, Any], length: int, items: tuple, job: Job,
+    def rows(self, models: Sequence[GPT], base: dict[str, Any], length: int, items: tuple, job: Job,
              costs: dict[tuple[str, int], dict], label: str) -> tuple[list[Update], list[str]]:
         """The updates of the task's CSV (and any other) and the lines that report them; `label` starts
         every line ("xl           seed 0")."""
@@ -213,10 +214,10 @@ class PerplexityEvaluator(Evaluator):
             {"length": length, "mode": mode, "stride": effective_stride(mode, job.stride, length),
              "n_tokens": job.text.n_tokens, "segment": job.text.segment}))
 
-    def rows(self, model, base, length, items, job, costs, label):
-        """The perplexity rows (with the layer cost, measured once per trained scheme and length) and
-        their position bins."""
-        updates, lines = [], []
+    def rows(self, models, base, length, items, job, costs, label):
+        """The perplexity rows of the finished model (with the layer cost, measured once per trained
+        scheme and length) and their position bins."""
+        updates, lines, model = [], [], models[-1]
         for mode in items:
             row, result = perplexity_row(model, base, job.text, length, mode, job.stride, job.max_batch_tokens,
                                          job.backend, job.device)
@@ -245,10 +246,10 @@ class CopyEvaluator(Evaluator):
                 if n == length or (index == 0 and n not in job.lengths)]
         return tuple((d, n) for d, n in mine if left({"distance": d, "trials": job.trials}))
 
-    def rows(self, model, base, length, items, job, costs, label):
+    def rows(self, models, base, length, items, job, costs, label):
         updates, lines = [], []
-        for distance, inputs in items:
-            row = self.row(model, base, distance, inputs, job)
+        for distance, inputs in items:      # the finished model's
+            row = self.row(models[-1], base, distance, inputs, job)
             updates.append(update(self.task.csv, self.task.key, [row]))
             shown = f"ratio {row['ratio']:.3f}" if row["status"] == "ok" else f"{row['status']} {row['message']}"
             lines.append(f"{label} copy d={distance:<6} {shown}")
@@ -285,8 +286,8 @@ class RetrievalEvaluator(Evaluator):
         return tuple(v for v in self.task.axis_values
                      if left({"length": job.lengths[index], self.task.axis: v, "trials": job.trials, **columns}))
 
-    def rows(self, model, base, length, items, job, costs, label):
-        per_value = self.value_rows(model, base, length, items, job)
+    def rows(self, models, base, length, items, job, costs, label):
+        per_value = self.value_rows(models, base, length, items, job)
         value = "{:.2f}" if self.task.axis == "depth" else "{:g}"
 
         def accuracy(rows: list[dict]) -> float:
@@ -296,13 +297,14 @@ class RetrievalEvaluator(Evaluator):
         return ([update(self.task.csv, self.task.key, rows) for rows in per_value],
                 [f"{label} {self.task.name} L={length:<6} {shown}"])
 
-    def value_rows(self, model: GPT, base: dict[str, Any], length: int, values: tuple[float, ...],
+    def value_rows(self, models: Sequence[GPT], base: dict[str, Any], length: int, values: tuple[float, ...],
                    job: Job) -> list[list[dict]]:
         """The task's rows at `length`, for each condition in `values` (its rows by distance bin, or one
-        pooling its trials; one row with the reason when the length did not run)."""
+        pooling its trials; one row with the reason when the length did not run), the trials of each
+        condition dealt among the run's moments (`dealt`)."""
         task, options = self.task, job.options(self.task)
         tokens = job.text.tokens.numpy()
-        outcome = unfit(model, length, max(1, job.max_batch_tokens // length), job.backend, job.device)
+        outcome = unfit(models[-1], length, max(1, job.max_batch_tokens // length), job.backend, job.device)
         shortest = task.min_length(job.tokenizer, options)
         if outcome is None and length < shortest:
             outcome = Skipped("unsupported", f"a {task.name} trial needs at least {shortest} tokens")
@@ -311,12 +313,12 @@ class RetrievalEvaluator(Evaluator):
         every = task.trials(tokens.size, length, list(task.axis_values), job.trials, job.tokenizer, options)
         plan = [t for i, t in enumerate(every) if task.axis_values[i // job.trials] in values]
         if outcome is None:
-            def run(trials: list) -> list[Answer]:
+            def run(model: GPT, trials: list) -> list[Answer]:
                 return task.answers(model, tokens, trials, length, job.tokenizer, job.device, job.max_batch_tokens,
                                     options)
             announce_cost(job, task.name, f"{base['variant']:<12} seed {base['seed']}", base, length, len(plan),
-                          lambda: run(plan[:1]))
-            outcome = guarded(lambda: run(plan), length, job.device)
+                          lambda: run(models[-1], plan[:1]))
+            outcome = guarded(lambda: dealt(models, plan, job.trials, run), length, job.device)
         out = []
         for i, value in enumerate(values):
             common = {**base, "length": length, task.axis: value, "trials": job.trials, **task.columns(options)}
@@ -325,6 +327,20 @@ class RetrievalEvaluator(Evaluator):
             else:
                 out.append(task.rows(common, [a for a in outcome if i * job.trials <= a.trial < (i + 1) * job.trials]))
         return out
+
+
+def dealt(models: Sequence[GPT], plan: list, per_value: int,
+          run: Callable[[GPT, list], list[Answer]]) -> list[Answer]:
+    """The answers to `plan` (`per_value` trials per condition, in blocks) with its trials dealt among a
+    run's moments: trial i of each condition to moment i mod K, so every condition is measured at every
+    moment, each trial once, and a cell costs what it costs with one model. Answers in trial order."""
+    if len(models) == 1:
+        return run(models[0], plan)
+    out = []
+    for index, model in enumerate(models):
+        mine = [i for i in range(len(plan)) if i % per_value % len(models) == index]
+        out += [a._replace(trial=mine[a.trial]) for a in run(model, [plan[i] for i in mine])] if mine else []
+    return sorted(out, key=lambda a: a.trial)
 
 
 def evaluators() -> dict[str, Evaluator]:

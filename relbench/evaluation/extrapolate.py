@@ -169,15 +169,17 @@ def plan(run_dir: Path, pairs: list[tuple[str, int]], job: Job, console) -> tupl
     return tables, units
 
 
-def unit_updates(unit: Unit, model: GPT, job: Job, costs: dict[tuple[str, int], dict]) -> tuple[list[Update], list[str]]:
-    """Every row of `unit`, as updates of the CSVs, and the lines that report them."""
+def unit_updates(unit: Unit, models: list[GPT], job: Job,
+                 costs: dict[tuple[str, int], dict]) -> tuple[list[Update], list[str]]:
+    """Every row of `unit` from the pair's moments (the finished model last), as updates of the CSVs,
+    and the lines that report them."""
     base = {**unit.base, "device": str(job.device)}
     label = f"{unit.spec:<12} seed {unit.seed}"
     updates, lines = [], []
     if unit.attention:
-        updates.append(Tables.row(ATTENTION_CSV, attention_row(model, base, job.text)))
+        updates.append(Tables.row(ATTENTION_CSV, attention_row(models[-1], base, job.text)))
     for task, items in unit.work:
-        task_updates, task_lines = evaluators()[task].rows(model, base, unit.length, items, job, costs, label)
+        task_updates, task_lines = evaluators()[task].rows(models, base, unit.length, items, job, costs, label)
         updates += task_updates
         lines += task_lines
     return updates, lines
@@ -193,19 +195,20 @@ def extrapolate_run(run_dir: Path, pairs: list[tuple[str, int]], job: Job, conso
     process: rounds of one unit). A RelbenchError in any unit stops every rank after that round."""
     tables, units = distributed.on_main(plan, Path(run_dir), pairs, job, console)
     costs: dict[tuple[str, int], dict] = {}
-    model, loaded = None, None
+    models, loaded = [], None
     for start in range(0, len(units), distributed.world()):
         index = start + distributed.rank()
         updates, lines, error = [], [], None
         if index < len(units):
             unit = units[index]
             try:
-                if loaded != (unit.spec, unit.seed):   # the previous model is dropped before the next loads
-                    model, loaded = None, (unit.spec, unit.seed)
-                    model = checkpoints.load_model(checkpoint_of(run_dir, unit.spec, unit.seed), job.device)
-                    model.config.attention = job.backend
-                    forms.apply(model, unit.spec)      # an evaluation form: the weights stay as trained
-                updates, lines = unit_updates(unit, model, job, costs)
+                if loaded != (unit.spec, unit.seed):   # the previous models are dropped before the next load
+                    models, loaded = [], (unit.spec, unit.seed)
+                    models = checkpoints.load_moments(checkpoint_of(run_dir, unit.spec, unit.seed), job.device)
+                    for model in models:
+                        model.config.attention = job.backend
+                        forms.apply(model, unit.spec)  # an evaluation form: the weights stay as trained
+                updates, lines = unit_updates(unit, models, job, costs)
             except RelbenchError as failure:
                 error = failure
         gathered = distributed.all_gather((updates, lines, error))   # rank order: unit order

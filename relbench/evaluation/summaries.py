@@ -73,6 +73,7 @@ def summary_from_rows(spec: str, seed: int, rows: pd.DataFrame, config: dict[str
             "criterion": train.criterion_accuracy if criterion else None,
             "learned": (learned is not None) if criterion else None, "learned_step": learned,
             "consolidated_steps": steps - confirmed if (confirmed := confirming_step(checks, learned, train)) else 0,
+            "moments": list(range(confirmed, steps + 1, train.eval_every)) if confirmed and train.moments > 1 else [],
             "position_lr_scale": scale, "position_lr_source": source, "precision": train.precision,
             "train_seconds": seconds, "tokens_per_s": float(last["tokens"]) / seconds if seconds > 0 else float("nan"),
             "n_params": parameter_count(model), "position_params": parameter_count(model, positions_only=True),

@@ -3,6 +3,8 @@
     checkpoints/<variant>-seed<s>/model.pt    weights of the finished model (a plain state dict)
     checkpoints/<variant>-seed<s>/meta.json   config, tokenizer, summary, status, sha256 of model.pt
     checkpoints/<variant>-seed<s>/resume.pt   model + optimiser state, step, loss-curve rows (while training)
+    checkpoints/<variant>-seed<s>/moment<i>.pt the weights at the run's earlier moments ([train] moments:
+                                              model.pt is the last; meta.json lists each with its sha256)
 
 Everything is loaded with torch's safe loader (`weights_only=True`: tensors and plain containers,
 no arbitrary pickle). A file that is truncated, corrupt or does not match its recorded checksum
@@ -24,6 +26,7 @@ from relbench.runs.results import atomic_write_bytes, read_json, sha256_bytes, w
 MODEL_FILE = "model.pt"
 META_FILE = "meta.json"
 RESUME_FILE = "resume.pt"
+MOMENT_FILE = "moment{}.pt"
 
 
 def _tensor_bytes(obj: Any) -> bytes:
@@ -46,6 +49,36 @@ def save_checkpoint(folder: Path, model: torch.nn.Module | dict[str, torch.Tenso
     (Path(folder) / RESUME_FILE).unlink(missing_ok=True)  # the finished model supersedes it
 
 
+def save_moment(folder: Path, index: int, model: torch.nn.Module) -> None:
+    """The weights of a run's moment `index` (not its last: that is model.pt), written as they are taken,
+    so a run resumed after them still has them."""
+    atomic_write_bytes(Path(folder) / MOMENT_FILE.format(index), _tensor_bytes(_cpu_state(model)))
+
+
+def clear_moments(folder: Path) -> None:
+    """Remove the moment files of an earlier run (a run trained again from step 0 takes its own)."""
+    for path in Path(folder).glob(MOMENT_FILE.format("*")):
+        path.unlink()
+
+
+def moment_records(folder: Path, count: int) -> list[dict[str, str]]:
+    """meta.json's record of a finished run's `count` earlier moments: each file with its sha256."""
+    out = []
+    for index in range(count):
+        name = MOMENT_FILE.format(index)
+        try:
+            out.append({"file": name, "sha256": sha256_bytes((Path(folder) / name).read_bytes())})
+        except OSError as error:
+            raise RelbenchError(f"moment {index} of {folder} cannot be read ({error.strerror}); its run must be "
+                                f"trained again: `{retrain_command(folder)}`") from None
+    return out
+
+
+def _weight_files(meta: dict[str, Any]) -> list[tuple[str, str | None]]:
+    """A finished checkpoint's weight files, earlier moments first, each with its recorded sha256."""
+    return [(m["file"], m.get("sha256")) for m in meta.get("moments", [])] + [(MODEL_FILE, meta.get("sha256"))]
+
+
 def damage(folder: Path) -> str | None:
     """What is wrong with a checkpoint folder's files, or None when they hold together: a finished
     checkpoint's model.pt must match the sha256 its meta.json records."""
@@ -55,13 +88,14 @@ def damage(folder: Path) -> str | None:
         return str(error)
     if meta is None or not meta.get("finished"):
         return None
-    path = Path(folder) / MODEL_FILE
-    try:
-        data = path.read_bytes()
-    except OSError as error:
-        return f"checkpoint {path} cannot be read ({error.strerror})"
-    if meta.get("sha256") and sha256_bytes(data) != meta["sha256"]:
-        return f"checkpoint {path} is corrupt or truncated (checksum mismatch)"
+    for name, recorded in _weight_files(meta):
+        path = Path(folder) / name
+        try:
+            data = path.read_bytes()
+        except OSError as error:
+            return f"checkpoint {path} cannot be read ({error.strerror})"
+        if recorded and sha256_bytes(data) != recorded:
+            return f"checkpoint {path} is corrupt or truncated (checksum mismatch)"
     return None
 
 
@@ -113,21 +147,23 @@ def retrain_command(folder: Path, meta: dict[str, Any] | None = None) -> str:
             f"--seeds {meta.get('seed', 0)} --force")
 
 
-def load_model(folder: Path, device: torch.device | str = "cpu"):
-    """The GPT saved in `folder`, on `device`, in eval mode, after checking it against meta.json."""
+def load_model(folder: Path, device: torch.device | str = "cpu", name: str = MODEL_FILE, recorded: str | None = None):
+    """The GPT saved in `folder` (its model.pt, or the weight file `name` with the sha256 `recorded`),
+    on `device`, in eval mode, after checking it against meta.json."""
     from relbench.config import ModelConfig
     from relbench.model import GPT
 
     meta = read_meta(folder)
     if meta is None:
         raise RelbenchError(f"no checkpoint in {folder}; run `relbench train` for this variant")
-    path = Path(folder) / MODEL_FILE
+    recorded = meta.get("sha256") if name == MODEL_FILE else recorded
+    path = Path(folder) / name
     fix = f"retrain it with `{retrain_command(folder, meta)}`"
     try:
         data = path.read_bytes()
     except OSError as error:
         raise RelbenchError(f"checkpoint {path} cannot be read ({error.strerror}); {fix}") from None
-    if meta.get("sha256") and sha256_bytes(data) != meta["sha256"]:
+    if recorded and sha256_bytes(data) != recorded:
         raise RelbenchError(f"checkpoint {path} is corrupt or truncated (checksum mismatch); {fix}")
     state = _safe_load(path, "checkpoint", fix, data)
     try:
@@ -136,6 +172,13 @@ def load_model(folder: Path, device: torch.device | str = "cpu"):
     except (RuntimeError, TypeError, KeyError) as error:
         raise RelbenchError(f"checkpoint {path} does not match its config ({str(error).splitlines()[0]}); {fix}") from None
     return model.to(device).eval()
+
+
+def load_moments(folder: Path, device: torch.device | str = "cpu") -> list:
+    """Every moment of the run saved in `folder` ([train] moments), earlier first, each checked against
+    meta.json: [its model.pt] for a run measured at one moment."""
+    meta = read_meta(folder) or {}
+    return [load_model(folder, device, name, recorded) for name, recorded in _weight_files(meta)]
 
 
 def save_resume(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:

@@ -2,11 +2,11 @@
 checksum record for what passes.
 
 A CSV is *verified* when its bytes match what checksums.json recorded when relbench wrote it, and a
-finished checkpoint when its model.pt matches the sha256 in its meta.json. A CSV with no usable
-record (checksums.json missing, damaged or silent about it) is only *whole*: it ends with a complete
-line and every row has the header's number of fields; --repair records it, and says that it did so
-on structure alone. A CSV that contradicts its record, or a truncated one, is never recorded: restore
-it, or delete it and rerun the command that writes it.
+finished checkpoint when its model.pt (and each moment's file, [train] moments) matches the sha256 in
+its meta.json. A CSV with no usable record (checksums.json missing, damaged or silent about it) is
+only *whole*: it ends with a complete line and every row has the header's number of fields; --repair
+records it, and says that it did so on structure alone. A CSV that contradicts its record, or a
+truncated one, is never recorded: restore it, or delete it and rerun the command that writes it.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def verify(run_dir: Path) -> tuple[list[Finding], dict]:
         if checkpoint.is_dir():
             problem = checkpoints.damage(checkpoint)
             findings.append(Finding(checkpoint, DAMAGED, problem) if problem
-                            else Finding(checkpoint, VERIFIED, "model.pt matches meta.json"))
+                            else Finding(checkpoint, VERIFIED, "its weights (model.pt, and any moments) match meta.json"))
     return findings, sums
 
 

@@ -183,6 +183,8 @@ def finish_pair(run_dir: Path, pair: Pair, outcome: dict[str, Any], run_config: 
     if own:   # a scheme from the user's own file: which file, which bytes
         meta["plugin"] = own[0]
     if distributed.is_main():
+        if len(summary.get("moments") or []) > 1:   # the earlier moments' files, saved as they were taken
+            meta["moments"] = checkpoints.moment_records(pair.folder, len(summary["moments"]) - 1)
         append_rows(Path(run_dir) / results.TRAIN_CSV, pair.spec, pair.seed, outcome["rows"])
         checkpoints.save_checkpoint(pair.folder, model, meta)
     console.print(f"{pair.label}: validation loss {summary['val_loss']:.4f} after {summary['steps']} "

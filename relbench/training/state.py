@@ -27,7 +27,8 @@ class TrainingState:
     last save, the largest attention logit logged and the settings trained with (`identity`, checked
     on resume); for a retrieval task its checks, (step, validation accuracy at the training length),
     the step the criterion was met at (kept once it was) and the step that confirmed it, where
-    consolidation starts. resume.pt keeps it as the plain dict `saved()` makes, in this field order."""
+    consolidation starts; the steps of the moments saved so far ([train] moments). resume.pt keeps it as
+    the plain dict `saved()` makes, in this field order."""
     step: int = 0
     rows: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     running: float = 0.0
@@ -39,6 +40,7 @@ class TrainingState:
     checks: list[tuple[int, float]] = dataclasses.field(default_factory=list)
     learned: int | None = None
     consolidate_from: int | None = None
+    moments: list[int] = dataclasses.field(default_factory=list)
 
     def saved(self) -> dict[str, Any]:
         """The state as resume.pt holds it (checkpoints load plain containers only)."""
@@ -58,7 +60,7 @@ def resumed(folder: Path | None, spec: str, identity: dict[str, Any], model: GPT
                             f"delete it to train {spec} from step 0")
     model.load_state_dict(resume["model"])
     optimizer.load_state_dict(resume["optimizer"])
-    return TrainingState(**resume["state"])   # an older resume.pt may lack the last three: their defaults
+    return TrainingState(**resume["state"])   # an older resume.pt may lack the last four: their defaults
 
 
 @dataclasses.dataclass

@@ -25,10 +25,10 @@ def lr_at(step: int, config: TrainConfig, consolidate_from: int | None = None) -
 
     `consolidate_from`: the step at which a run trained to criterion met it; from there the rate
     decays (cosine) over `consolidate_steps` steps from the rate it had to peak * consolidate_lr_ratio
-    (or holds, if it was already lower)."""
+    (or holds, if it was already lower); with `moments` it holds at the rate it had."""
     if consolidate_from is not None and step >= consolidate_from:
         start = lr_at(consolidate_from - 1, config) if consolidate_from > 0 else config.lr
-        floor = min(start, config.lr * config.consolidate_lr_ratio)
+        floor = start if config.moments > 1 else min(start, config.lr * config.consolidate_lr_ratio)
         progress = min(1.0, (step - consolidate_from) / max(1, config.consolidate_steps - 1))
         return floor + 0.5 * (start - floor) * (1 + math.cos(math.pi * progress))
     if step < config.warmup_steps:

@@ -97,7 +97,10 @@ def train_variant(spec: str, model_config: ModelConfig, config: TrainConfig, spl
 
     Trained to criterion, a run stops at the check that confirms it, or with `consolidate_steps`
     trains that many steps more with its rate decayed (step.lr_at), the cap notwithstanding;
-    `on_learned(model, step)` is called once, at the confirming step, before any consolidation."""
+    `on_learned(model, step)` is called once, at the confirming step, before any consolidation. With
+    `moments` K it trains (K - 1) * eval_every steps more at the rate it had, and the weights at the
+    confirming step and every eval_every steps after it are saved into `folder` as moment files as they
+    are taken (the summary's `moments` lists their steps and the last one's, model.pt's)."""
     loop, state, scale_source = prepare(spec, model_config, config, splits, device, folder, start)
     command = start.command if start else "relbench train"
     grad_norm, position_grads, seconds = train_steps(loop, state, progress, folder, stop, command, on_pace, on_row,
@@ -146,7 +149,9 @@ def train_steps(loop: Loop, state: TrainingState, progress: Progress | None, fol
     clock = Clock(state.step, on_pace)
     position_grads: dict[str, float] = {}
     grad_norm = torch.tensor(float("nan"))
-    for step in range(state.step, config.steps + config.consolidate_steps):
+    if folder is not None and state.step == 0 and distributed.is_main():
+        checkpoints.clear_moments(folder)      # an earlier run's moments are not this one's
+    for step in range(state.step, config.steps + config.after_criterion):
         x, lr, loss, grad_norm = train_step(loop, state, step)
         done = step + 1
         check, accuracy = validate(loop, state, done)
@@ -156,7 +161,8 @@ def train_steps(loop: Loop, state: TrainingState, progress: Progress | None, fol
         if state.consolidate_from is None:     # not learned yet: the cap ends it
             last = done == config.steps
         else:                                  # learned (newly_learned set it): consolidation's end ends it
-            last = done == state.consolidate_from + config.consolidate_steps
+            last = done == state.consolidate_from + config.after_criterion
+            take_moment(loop, state, folder, done, last)
         if last:  # what reaches the position parameters at the end, after clipping (step() keeps .grad)
             position_grads = {name: p.grad.norm().item()
                               for name, p in model.positions.named_parameters() if p.grad is not None}
@@ -174,6 +180,18 @@ def train_steps(loop: Loop, state: TrainingState, progress: Progress | None, fol
         if last:
             break
     return grad_norm, position_grads, clock.seconds(state)
+
+
+def take_moment(loop: Loop, state: TrainingState, folder: Path | None, done: int, last: bool) -> None:
+    """With [train] moments, after step `done` of a learned run: save the weights when it is one of the
+    run's earlier moments (the confirming step and every eval_every steps after it; the last moment is
+    the finished model itself), and note its step."""
+    since = done - state.consolidate_from
+    if loop.config.moments < 2 or folder is None or last or since % loop.config.eval_every:
+        return
+    if distributed.is_main():
+        checkpoints.save_moment(folder, since // loop.config.eval_every, loop.model)
+    state.moments.append(done)
 
 
 def train_step(loop: Loop, state: TrainingState, step: int) -> tuple[torch.Tensor, float, torch.Tensor, torch.Tensor]:
@@ -270,6 +288,7 @@ def summarize(loop: Loop, state: TrainingState, seconds: float, scale_source: st
             "criterion": config.criterion_accuracy if criterion else None,
             "learned": (learned is not None) if criterion else None, "learned_step": learned,
             "consolidated_steps": state.step - state.consolidate_from if state.consolidate_from else 0,
+            "moments": state.moments + [state.step] if config.moments > 1 and learned is not None else [],
             "position_lr_scale": config.position_lr_scale, "position_lr_source": scale_source,
             "precision": config.precision, "grad_norm": float(grad_norm), "position_grad_norms": position_grads,
             "max_attention_logit": state.max_logit, "train_seconds": seconds,
