@@ -68,6 +68,9 @@ def test_extrapolate_deals_each_cells_trials_among_the_moments(trained, monkeypa
     rows = results.read_csv(trained / "passkey.csv")
     assert len(rows) == 2 * 5 and (rows["trials"] == 4).all()
     assert (rows["correct"] == 2).all() and (rows["accuracy"] == 0.5).all()
+    from relbench.reporting import findings
+
+    assert "trained to criterion at 112, each measured over 3 moments" in findings.retrieval_line(trained)
 
 
 def test_a_damaged_moment_is_named_and_never_used(trained):
@@ -84,3 +87,11 @@ def test_a_damaged_moment_is_named_and_never_used(trained):
     finally:
         (checkpoint / "moment1.pt").write_bytes(data)
     assert checkpoints.damage(checkpoint) is None
+
+
+def test_the_report_says_when_a_run_was_measured_at_its_moments(trained):
+    from relbench.reporting import report
+
+    config = results.read_json(trained / results.CONFIG)
+    header, body = report.training_table(trained, config)
+    assert body[0][header.index("learned at step, per seed")] == "3 (measured at 3 moments, steps 6-12)"

@@ -153,8 +153,10 @@ def retrieval_line(run_dir: Path, found: dict[str, reach.Reach] | None = None) -
     parts = [f"{k} {', '.join(groups[k])}" for k in order]
     if "not learned" in groups:
         parts.append(f"not learned at {config['model']['train_length']}: {', '.join(groups['not learned'])}")
+    moments = int(config.get("train", {}).get("moments", 1) or 1)
+    measured = f", each measured over {moments} moments" if moments > 1 else ""
     return (f"{task.capitalize()} ({len(config.get('seeds', [0]))} seed(s), trained to criterion at "
-            f"{config['model']['train_length']}): reach (the longest length at >= 90%) {'; '.join(parts)}.")
+            f"{config['model']['train_length']}{measured}): reach (the longest length at >= 90%) {'; '.join(parts)}.")
 
 
 def panel_line(checks: list[Check], label: str) -> str:

@@ -186,6 +186,15 @@ def cost_table(rows: pd.DataFrame, config: dict[str, Any]) -> tuple[list[str], l
     return header, body
 
 
+def learned_cell(summary: dict[str, Any]) -> str:
+    """A seed's "learned at step" cell: the step, and the moments it was measured at ([train] moments)."""
+    if not summary.get("learned"):
+        return f"not learned in {summary['steps']}"
+    moments = summary.get("moments") or []
+    return f"{summary['learned_step']}" + (f" (measured at {len(moments)} moments, steps {moments[0]}-{moments[-1]})"
+                                           if len(moments) > 1 else "")
+
+
 def training_table(run_dir: Path, config: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     header = ["variant", "seeds", "params", "position params", "position lr x", "precision", "final val loss",
               "train time (s)", "tokens/s"]
@@ -208,8 +217,7 @@ def training_table(run_dir: Path, config: dict[str, Any]) -> tuple[list[str], li
                f"{sum(s['train_seconds'] for s in done) / len(done):.1f}",
                f"{sum(s['tokens_per_s'] for s in done) / len(done):,.0f}"]
         if criterion:
-            row.append(", ".join(f"{s['learned_step']}" if s.get("learned") else f"not learned in {s['steps']}"
-                                 for s in done))
+            row.append(", ".join(learned_cell(s) for s in done))
         body.append(row)
     return header, body
 
