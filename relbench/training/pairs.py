@@ -127,7 +127,8 @@ def train_in_turn(todo: list[Pair], model_config: ModelConfig, base: TrainConfig
     with a progress bar and, after the first run's first steps, the expected time of the rest."""
     with StopRequest() as stop, make_progress(console) as progress:
         def pace(seconds_per_step: float, spec: str = "") -> None:
-            progress.console.print(expected_time_message(seconds_per_step, len(todo) * base.steps, len(todo), spec,
+            steps = len(todo) * (base.steps + base.after_criterion)   # a run trained to criterion may go past its cap
+            progress.console.print(expected_time_message(seconds_per_step, steps, len(todo), spec,
                                                          base.criterion_accuracy > 0), markup=False)
 
         for index, pair in enumerate(todo):
