@@ -587,6 +587,8 @@ MUTATIONS = [
     ("moments: a moment's checksum is not checked when it is loaded", "relbench/runs/checkpoints.py",
      "    if recorded and sha256_bytes(data) != recorded:\n        raise",
      "    if False and sha256_bytes(data) != recorded:\n        raise", ["tests/test_moments.py"]),
+    ("moments: a resume state from before a setting existed is refused", "relbench/training/state.py",
+     "    return filled == identity", "    return saved == identity", REACH),
     ("moments: a damaged moment passes as whole", "relbench/runs/checkpoints.py",
      "    for name, recorded in _weight_files(meta):\n        path", "    for name, recorded in _weight_files({}):\n        path",
      ["tests/test_moments.py"]),

@@ -248,3 +248,29 @@ def test_a_run_interrupted_between_its_moments_resumes_to_the_same_moments(monke
         assert (straight / name).read_bytes() == (cut / name).read_bytes()
     for (name, a), (_, b) in zip(model.state_dict().items(), resumed.state_dict().items()):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+
+
+def test_a_resume_state_saved_before_a_setting_existed_resumes_at_its_default(monkeypatch, tmp_path):
+    """A resume.pt whose settings lack a [train] key (saved by an older relbench, before `moments`) is
+    the run at that key's default and resumes; one saved with another value of a key is refused."""
+    from relbench.errors import RelbenchError
+    from relbench.runs import checkpoints
+
+    train = TrainConfig(task="passkey", steps=4, batch_size=2, eval_every=2, eval_batches=1, warmup_steps=1,
+                        criterion_accuracy=0.95, criterion_trials=10, min_lr_ratio=1.0, checkpoint_every=2)
+    scripted(monkeypatch, [0.0, 0.0])
+    model, _, _ = train_module.train_variant("alibi", MODEL, train, load_splits(), torch.device("cpu"))
+    identity = {"model": dataclasses.asdict(dataclasses.replace(MODEL, position="alibi")), "train": dataclasses.asdict(train)}
+    identity["train"]["position_lr_scale"] = 1.0
+    old = {**identity, "train": {k: v for k, v in identity["train"].items() if k != "moments"}}
+    for saved, ok in ((old, True), ({**identity, "train": {**identity["train"], "lr": 1.0}}, False)):
+        checkpoints.save_resume(tmp_path, model, train_module.make_optimizer(model, train),
+                                {"step": 2, "identity": saved})
+        scripted(monkeypatch, [0.0])     # one check: resumed at step 2, not trained again from 0
+        if ok:
+            _, _, summary = train_module.train_variant("alibi", MODEL, train, load_splits(), torch.device("cpu"),
+                                                       folder=tmp_path)
+            assert summary["steps"] == 4
+        else:
+            with pytest.raises(RelbenchError, match="another configuration"):
+                train_module.train_variant("alibi", MODEL, train, load_splits(), torch.device("cpu"), folder=tmp_path)

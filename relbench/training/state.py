@@ -15,7 +15,7 @@ import torch
 
 from relbench.errors import RelbenchError
 from relbench.model import GPT
-from relbench.runs import checkpoints, distributed
+from relbench.runs import checkpoints, distributed, runconfig
 
 PACE_STEPS = 10   # steps timed (after one warm-up step) for the expected time printed before a run goes on
 
@@ -47,6 +47,13 @@ class TrainingState:
         return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
 
 
+def same_identity(saved: dict[str, Any], identity: dict[str, Any]) -> bool:
+    """Whether a resume.pt's settings are `identity`: a [model] or [train] key it lacks (saved before the
+    key existed) counts at its default, as the run directory's config does (runconfig.with_defaults)."""
+    filled = {k: runconfig.with_defaults(k, v, identity.get(k, {})) if k in ("model", "train") else v for k, v in saved.items()}
+    return filled == identity
+
+
 def resumed(folder: Path | None, spec: str, identity: dict[str, Any], model: GPT,
             optimizer: torch.optim.Optimizer) -> TrainingState:
     """The state `folder`'s resume.pt holds, with `model` and `optimizer` loaded from it (refused when
@@ -55,7 +62,7 @@ def resumed(folder: Path | None, spec: str, identity: dict[str, Any], model: GPT
     resume = distributed.on_main(checkpoints.load_resume, folder) if folder is not None else None
     if resume is None:
         return TrainingState(identity=identity)
-    if resume["state"].get("identity") != identity:
+    if not same_identity(resume["state"].get("identity") or {}, identity):
         raise RelbenchError(f"{folder}/{checkpoints.RESUME_FILE} was saved with another configuration; "
                             f"delete it to train {spec} from step 0")
     model.load_state_dict(resume["model"])

@@ -37,6 +37,8 @@ def fold(out: Path, moments: list[Path]) -> None:
     results.write_csv(out / "train.csv", results.read_csv(last / "train.csv"))
     for folder in sorted((last / "checkpoints").iterdir()):
         meta = checkpoints.read_meta(folder)
+        if not (meta or {}).get("finished"):   # a run cut short: not a model
+            continue
         there = out / "checkpoints" / folder.name
         there.mkdir(parents=True, exist_ok=True)
         shutil.copy(folder / checkpoints.MODEL_FILE, there / checkpoints.MODEL_FILE)
