@@ -12,7 +12,8 @@ and the two protocols are compared paired by seed on the same host, with the sam
 With `--moments K` the run goes on (K - 1) checks past its criterion at the rate it had (no decay),
 and the weights at the criterion and at each of those checks go into RUN/moment0 .. RUN/moment{K-1}:
 the same seed measured at K moments, to tell how much of a scheme's spread over seeds is the moment a
-run is stopped at (average_moments.py).
+run is stopped at (average_moments.py). `[train] moments = K` is the same training in relbench itself,
+the K weight files kept in one checkpoint (dealt.py folds these folders into that form).
 
 Two of these side by side (one thread each) on a 2-core machine; `relbench merge` folds them.
 """

@@ -15,7 +15,8 @@
 # had; the weights at each of the K checks are protocols moment0 .. moment{K-1} (explore.py --moments),
 # and two more are made from them: `outputs` (each seed's accuracy averaged over its K moments) and
 # `weights` (one model per seed, the mean of its K moments' weights); average_moments.py says how much of
-# the spread over seeds is the moment a run stops at.
+# the spread over seeds is the moment a run stops at; `dealt` is the same runs as `[train] moments = K`
+# writes them, each cell's trials dealt among the moments (dealt.py).
 #
 # Two workers, one thread each, on a 2-core machine, then their run directories are merged.
 set -euo pipefail
@@ -42,9 +43,11 @@ if [ -n "$MOMENTS" ]; then
   python $P/average_moments.py weights $M/weights "${moments[@]}"
   relbench extrapolate --run-dir $M/weights --task passkey
   python $P/average_moments.py outputs $M/outputs "${moments[@]}"
-  for run in "${moments[@]}" $M/outputs $M/weights; do relbench report --run-dir "$run"; done
-  python $P/analyse.py moment0=$M/moment0 outputs=$M/outputs weights=$M/weights --pair=moment0,outputs \
-    --pair=moment0,weights
+  python $P/dealt.py $M/dealt "${moments[@]}"     # as [train] moments = K writes them: trials dealt
+  OMP_NUM_THREADS=1 relbench extrapolate --run-dir $M/dealt --task passkey
+  for run in "${moments[@]}" $M/outputs $M/weights $M/dealt; do relbench report --run-dir "$run"; done
+  python $P/analyse.py moment0=$M/moment0 outputs=$M/outputs dealt=$M/dealt weights=$M/weights \
+    --pair=moment0,outputs --pair=moment0,dealt --pair=moment0,weights
   exit 0
 fi
 if [ -n "$LEVER" ]; then
