@@ -589,6 +589,8 @@ MUTATIONS = [
      "    if False and sha256_bytes(data) != recorded:\n        raise", ["tests/test_moments.py"]),
     ("moments: a resume state from before a setting existed is refused", "relbench/training/state.py",
      "    return filled == identity", "    return saved == identity", REACH),
+    ("moments: a fine-tuning of a moments run goes on past its criterion", "relbench/training/finetune.py",
+     "decay_steps=0, moments=1)", "decay_steps=0)", ["tests/test_moments.py"]),
     ("moments: a damaged moment passes as whole", "relbench/runs/checkpoints.py",
      "    for name, recorded in _weight_files(meta):\n        path", "    for name, recorded in _weight_files({}):\n        path",
      ["tests/test_moments.py"]),

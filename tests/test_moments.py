@@ -95,3 +95,14 @@ def test_the_report_says_when_a_run_was_measured_at_its_moments(trained):
     config = results.read_json(trained / results.CONFIG)
     header, body = report.training_table(trained, config)
     assert body[0][header.index("learned at step, per seed")] == "3 (measured at 3 moments, steps 6-12)"
+
+
+def test_a_run_with_moments_is_fine_tuned_from_its_last_and_measured_once(trained):
+    """relbench finetune: the fine-tuning settings of a moments run train without moments (the copy of
+    the run's [train] table would otherwise go on past the criterion at the new length)."""
+    from relbench.training.finetune import settings
+
+    meta = checkpoints.read_meta(rundir.checkpoint_dir(trained, "alibi", 0))
+    tuned, record, _ = settings(meta, 224, 4, None, None)
+    assert meta["train"]["moments"] == 3 and tuned.moments == 1 and tuned.steps == 4
+    assert record["source_sha256"] == meta["sha256"]

@@ -145,12 +145,14 @@ def pairs_to_tune(run_dir: Path, config: dict[str, Any], variants: list[str] | N
 
 def settings(meta: dict[str, Any], length: int, steps: int, lr: float | None,
              batch_size: int | None) -> tuple[TrainConfig, dict[str, Any], str]:
-    """The fine-tuning TrainConfig of a checkpoint, its "finetune" record and the batch-size note."""
+    """The fine-tuning TrainConfig of a checkpoint, its "finetune" record and the batch-size note. A run
+    measured at several moments ([train] moments) is fine-tuned from its last, and the fine-tuned model
+    is measured once."""
     train = TrainConfig(**meta["train"])
     model = meta["model"]
     batch, note = (batch_size, "") if batch_size else batch_size_for(train.batch_size, model["train_length"], length)
     tuned = dataclasses.replace(train, steps=steps, lr=lr or train.lr, batch_size=batch,
-                                warmup_steps=warmup_for(train.warmup_steps, steps), decay_steps=0)
+                                warmup_steps=warmup_for(train.warmup_steps, steps), decay_steps=0, moments=1)
     record = {"from": meta["variant"], "length": length, "steps": steps, "lr": tuned.lr, "batch_size": batch,
               "warmup_steps": tuned.warmup_steps, "data_offset": train.steps, "source_sha256": meta.get("sha256")}
     return tuned, record, note
