@@ -3,7 +3,8 @@ length on fresh seeded trials (not the evaluation's), teacher-forced as the eval
 
 - needles: each answer by whether a distractor needle stands between the asked one and the question
   (a nearer distractor), each wrong answer by whether it is a distractor's value (a needle found,
-  not the asked one) or another;
+  not the asked one) or another; and each wrong digit of the others by its place and whether a
+  distractor has that digit there (a digit borrowed from another needle);
 - tracking: each asked variable by hop, each wrong one by whether it is the distractor chain's
   variable of the same hop, another letter of a distractor chain, a letter of the asked chain (out of
   order), or another letter.
@@ -45,6 +46,12 @@ def needles_errors(model, stream, length, tokenizer, count, n_digits) -> Counter
             "a distractor's value" if got in others else "another value"
         nearer = "a distractor nearer" if trial.asked < len(trial.names) - 1 else "none nearer"   # window order
         table[(f"{trial.distractors} distractors, {nearer}", kind)] += 1
+        if kind == "another value":   # digit by digit (teacher-forced: each digit after the right ones)
+            for place, (mine, want) in enumerate(zip(got, trial.values[trial.asked])):
+                if mine != want:
+                    borrowed = any(v[place] == mine for v in others)
+                    table[(f"{trial.distractors} distractors, a wrong digit", f"digit {place + 1}, "
+                           + ("a distractor's there" if borrowed else "no needle's there"))] += 1
     return table
 
 
@@ -79,11 +86,13 @@ def main() -> None:
                                 int(options.get("distractors", tracking.DISTRACTORS)) + 1)
     else:
         raise SystemExit(f"{args.folder} was trained on {task}; this script reads needles and tracking models")
-    kinds = sorted({k for _, k in table}, key=lambda k: (k != "right", k))
-    print("condition | answers | " + " | ".join(kinds))
-    for condition in sorted({c for c, _ in table}):
-        total = sum(table[(condition, k)] for k in kinds)
-        print(f"{condition} | {total} | " + " | ".join(f"{table[(condition, k)] / total:.0%}" for k in kinds))
+    digits = {c for c, _ in table if c.endswith("a wrong digit")}
+    for conditions, what in ((sorted({c for c, _ in table} - digits), "answers"), (sorted(digits), "wrong digits")):
+        kinds = sorted({k for c, k in table if c in conditions}, key=lambda k: (k != "right", k))
+        print(f"condition | {what} | " + " | ".join(kinds))
+        for condition in conditions:
+            total = sum(table[(condition, k)] for k in kinds)
+            print(f"{condition} | {total} | " + " | ".join(f"{table[(condition, k)] / total:.0%}" for k in kinds))
 
 
 if __name__ == "__main__":
