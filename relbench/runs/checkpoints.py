@@ -147,16 +147,18 @@ def retrain_command(folder: Path, meta: dict[str, Any] | None = None) -> str:
             f"--seeds {meta.get('seed', 0)} --force")
 
 
-def load_model(folder: Path, device: torch.device | str = "cpu", name: str = MODEL_FILE, recorded: str | None = None):
-    """The GPT saved in `folder` (its model.pt, or the weight file `name` with the sha256 `recorded`),
-    on `device`, in eval mode, after checking it against meta.json."""
-    from relbench.config import ModelConfig
-    from relbench.model import GPT
-
+def _meta_to_load(folder: Path) -> dict[str, Any]:
     meta = read_meta(folder)
     if meta is None:
         raise RelbenchError(f"no checkpoint in {folder}; run `relbench train` for this variant")
-    recorded = meta.get("sha256") if name == MODEL_FILE else recorded
+    return meta
+
+
+def _load_weights(folder: Path, meta: dict[str, Any], name: str, recorded: str | None, device: torch.device | str):
+    """The GPT of weight file `name` in `folder` (meta.json's `meta`), checked against the sha256 `recorded`."""
+    from relbench.config import ModelConfig
+    from relbench.model import GPT
+
     path = Path(folder) / name
     fix = f"retrain it with `{retrain_command(folder, meta)}`"
     try:
@@ -174,11 +176,17 @@ def load_model(folder: Path, device: torch.device | str = "cpu", name: str = MOD
     return model.to(device).eval()
 
 
+def load_model(folder: Path, device: torch.device | str = "cpu"):
+    """The GPT saved in `folder`, on `device`, in eval mode, after checking it against meta.json."""
+    meta = _meta_to_load(folder)
+    return _load_weights(folder, meta, MODEL_FILE, meta.get("sha256"), device)
+
+
 def load_moments(folder: Path, device: torch.device | str = "cpu") -> list:
     """Every moment of the run saved in `folder` ([train] moments), earlier first, each checked against
-    meta.json: [its model.pt] for a run measured at one moment."""
-    meta = read_meta(folder) or {}
-    return [load_model(folder, device, name, recorded) for name, recorded in _weight_files(meta)]
+    meta.json (read once): [its model.pt] for a run measured at one moment."""
+    meta = _meta_to_load(folder)
+    return [_load_weights(folder, meta, name, recorded, device) for name, recorded in _weight_files(meta)]
 
 
 def save_resume(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
