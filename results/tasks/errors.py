@@ -4,7 +4,10 @@ length on fresh seeded trials (not the evaluation's), teacher-forced as the eval
 - needles: each answer by whether a distractor needle stands between the asked one and the question
   (a nearer distractor), each wrong answer by whether it is a distractor's value (a needle found,
   not the asked one) or another; and each wrong digit of the others by its place and whether a
-  distractor has that digit there (a digit borrowed from another needle);
+  distractor has that digit there (a digit borrowed from another needle); and every digit after
+  the first by whether the digit before it recurs in a distractor's value (an induction head on one
+  token then has two candidates) and, where it does, whether the model gave the digit that follows
+  it there;
 - tracking: each asked variable by hop, each wrong one by whether it is the distractor chain's
   variable of the same hop, another letter of a distractor chain, a letter of the asked chain (out of
   order), or another letter.
@@ -46,6 +49,7 @@ def needles_errors(model, stream, length, tokenizer, count, n_digits) -> Counter
             "a distractor's value" if got in others else "another value"
         nearer = "a distractor nearer" if trial.asked < len(trial.names) - 1 else "none nearer"   # window order
         table[(f"{trial.distractors} distractors, {nearer}", kind)] += 1
+        induction(table, trial, got, others)
         if kind == "another value":   # digit by digit (teacher-forced: each digit after the right ones)
             for place, (mine, want) in enumerate(zip(got, trial.values[trial.asked])):
                 if mine != want:
@@ -53,6 +57,19 @@ def needles_errors(model, stream, length, tokenizer, count, n_digits) -> Counter
                     table[(f"{trial.distractors} distractors, a wrong digit", f"digit {place + 1}, "
                            + ("a distractor's there" if borrowed else "no needle's there"))] += 1
     return table
+
+
+def induction(table: Counter, trial, got: str, others: list[str]) -> None:
+    """Each digit after the first by whether the digit before it (right: teacher-forced) stands in a
+    distractor's value too, followed there by another digit: where it does, a head that copies what
+    followed the previous token (an induction head) has two candidates. Counts the digit right, the
+    digit that follows it in a distractor, or another."""
+    want = trial.values[trial.asked]
+    for place in range(1, len(want)):
+        after = {v[i + 1] for v in others for i in range(len(v) - 1) if v[i] == want[place - 1]} - {want[place]}
+        case = "the digit before recurs in a distractor" if after else "the digit before in no distractor"
+        kind = "right" if got[place] == want[place] else "what follows it there" if got[place] in after else "another"
+        table[(f"{trial.distractors} distractors, digit {place + 1}, {case}", kind)] += 1
 
 
 def tracking_errors(model, stream, length, tokenizer, count, chains) -> Counter:
@@ -87,7 +104,9 @@ def main() -> None:
     else:
         raise SystemExit(f"{args.folder} was trained on {task}; this script reads needles and tracking models")
     digits = {c for c, _ in table if c.endswith("a wrong digit")}
-    for conditions, what in ((sorted({c for c, _ in table} - digits), "answers"), (sorted(digits), "wrong digits")):
+    places = {c for c, _ in table if ", digit " in c}
+    for conditions, what in ((sorted({c for c, _ in table} - digits - places), "answers"),
+                             (sorted(digits), "wrong digits"), (sorted(places), "digits")):
         kinds = sorted({k for c, k in table if c in conditions}, key=lambda k: (k != "right", k))
         print(f"condition | {what} | " + " | ".join(kinds))
         for condition in conditions:
