@@ -20,7 +20,7 @@ TOKENIZER = ByteTokenizer()
 TASK = tracking.TASK
 # filler with digits, "=", ";", "?", ":" and capitals in it: the digits and "=" must not survive
 STREAM = np.frombuffer(("Filler Text: x=1, Y = 22; and 3 = three? The End. " * 300).encode(), dtype=np.uint8)
-ONE = {"distractors": 1}
+ONE = {"distractors": 1, "digits": 4}
 
 
 def text(tokens) -> str:
@@ -93,10 +93,10 @@ def test_layout_by_hand():
     assert targets.tolist() == [35, 37, 39] and distances.tolist() == [30 - 3, 30 - 10, 30 - 25]
 
 
-@pytest.mark.parametrize("chains", [1, 2, 3])
-def test_generator_invariants_read_back_from_the_tokens(chains):
+@pytest.mark.parametrize("chains, digits", [(1, 4), (2, 4), (3, 4), (2, 1), (3, 2)])
+def test_generator_invariants_read_back_from_the_tokens(chains, digits):
     length, per_value = 100, 6
-    plan = tracking.trials(STREAM.size, length, [1, 2, 3, 4], per_value, chains, seed=4)
+    plan = tracking.trials(STREAM.size, length, [1, 2, 3, 4], per_value, chains, seed=4, digits=digits)
     assert [t.hops for t in plan] == [h for h in (1, 2, 3, 4) for _ in range(per_value)]
     for trial in plan:
         tokens, targets, distances = tracking.sequence(STREAM, trial, length, TOKENIZER)
@@ -108,6 +108,7 @@ def test_generator_invariants_read_back_from_the_tokens(chains):
         variables = [v for _, v, _ in statements]
         assert len(set(variables)) == len(variables)                                 # distinct across every chain
         assert value == trial.values[0] and len(set(trial.values)) == chains
+        assert all(len(v) == digits and v.isdigit() for v in trial.values)
         where = {v: (start, rhs) for start, v, rhs in statements}
         chain = trial.names[0]
         assert where[chain[0]][1] == value                                           # the first assigns the value
@@ -128,8 +129,35 @@ def test_generator_invariants_read_back_from_the_tokens(chains):
         for start, v, rhs in statements:
             ours |= set(range(start, start + len(v) + len(rhs) + 2))
         filler = text(tokens[sorted(set(range(length + 1)) - ours)])
-        assert len(filler) == length - tracking.min_length(hops, chains)
+        assert len(filler) == length - tracking.min_length(hops, chains, digits)
         assert not any(ch in filler for ch in "0123456789=")
+
+
+def test_the_digits_option():
+    """Values of one digit: the layout by hand, the shortest window, the rows' column, training batches
+    and the oracle; digits outside 1-9 refused."""
+    stream = np.frombuffer(b"ab=c9defghijklmnop" * 4, dtype=np.uint8)
+    trial = tracking.Trial(values=("7", "3"), names=(("A", "B"), ("C", "D")), order=(0, 1, 1, 0),
+                           places=(0.0, 0.3, 0.5, 1.0), filler_start=0)
+    # min length 2 * (1 + 3 + 4) + 1 + 2 + 2 = 21: at length 31 the 32 tokens hold 10 of filler, cut at 0, 3, 5, 10
+    assert tracking.min_length(1, 2, 1) == 21
+    tokens, targets, distances = tracking.sequence(stream, trial, 31, TOKENIZER)
+    assert text(tokens) == "A=7;ab C=3;c D=C;defghB=A;?7:A B"
+    assert targets.tolist() == [28, 30] and distances.tolist() == [26, 4]
+    one = {"distractors": 1, "digits": 1}
+    assert TASK.min_length(TOKENIZER, one) == 2 * (1 + 3 + 16) + 1 + 8 + 2 == 51
+    assert TASK.columns(one) == one and TASK.options({"task": "tracking", "task_options": {"digits": 1}}) == one
+    plan = TASK.trials(STREAM.size, 64, [1, 4], 3, TOKENIZER, one)
+    assert all(len(v) == 1 for t in plan for v in t.values)
+    assert all(a.correct for a in TASK.answers(Chain(), STREAM, plan, 64, TOKENIZER, "cpu", 16384, one))
+    x, y, w = TASK.batch(STREAM, np.random.default_rng(0), 8, 64, TOKENIZER, one, 5.0, 1.0, 0.0)
+    for row in range(8):
+        _, _, value, answer = parse(torch.cat([x[row, :1], y[row]]).tolist())
+        assert len(value) == 1 and value.isdigit()
+        assert text(y[row][w[row] == 5.0].tolist()) == answer.replace(" ", "")        # the chain's letters weighted
+    for bad in (0, 10, True, 2.0):
+        with pytest.raises(UsageError, match="digits must be an integer from 1 to 9"):
+            TrainConfig(task="tracking", task_options={"digits": bad})
 
 
 def test_trials_are_fixed_by_the_seed():
@@ -138,7 +166,7 @@ def test_trials_are_fixed_by_the_seed():
                                                                                               seed=1)
     assert [t.filler_start for t in a] == spread(STREAM.size, 64, 3) * 2
     assert TASK.trials(STREAM.size, 64, [1, 4], 3, TOKENIZER, ONE, seed=0) == a
-    assert all(len(t.names) == 1 for t in TASK.trials(STREAM.size, 64, [2], 2, TOKENIZER, {"distractors": 0}))
+    assert all(len(t.names) == 1 for t in TASK.trials(STREAM.size, 64, [2], 2, TOKENIZER, {"distractors": 0, "digits": 4}))
     for t in a:
         assert sorted(t.order) == sorted(list(range(2)) * (t.hops + 1)) and list(t.places) == sorted(t.places)
 
@@ -146,7 +174,7 @@ def test_trials_are_fixed_by_the_seed():
 def test_min_length_and_a_length_too_short():
     assert TASK.min_length(TOKENIZER, ONE) == 60 == tracking.min_length(4, 2)        # the most hops: 4
     assert [tracking.min_length(h, 2) for h in (1, 2, 3, 4)] == [30, 40, 50, 60]
-    assert TASK.min_length(TOKENIZER, {"distractors": 0}) == 37
+    assert TASK.min_length(TOKENIZER, {"distractors": 0, "digits": 4}) == 37
     for hops in (1, 2, 3, 4):
         trial = tracking.trials(STREAM.size, 64, [hops], 1, 2)[0]
         shortest = tracking.min_length(hops, 2)
@@ -214,10 +242,10 @@ def test_batch_weights_and_shift():
 
 
 def test_rows_per_distance_bin():
-    assert TASK.count == "queries" and TASK.key[-1] == "distractors" and TASK.columns(ONE) == {"distractors": 1}
+    assert TASK.count == "queries" and TASK.key[-2:] == ("distractors", "digits") and TASK.columns(ONE) == ONE
     assert TASK.options({}) == ONE and TASK.options({"task": "tracking", "task_options": {"distractors": 2}}) == \
-        {"distractors": 2}
-    common = {"variant": "rope", "seed": 0, "length": 64, "hops": 2, "trials": 2, "distractors": 1}
+        {"distractors": 2, "digits": 4}
+    common = {"variant": "rope", "seed": 0, "length": 64, "hops": 2, "trials": 2, "distractors": 1, "digits": 4}
     answers = [Answer(0, 4, True), Answer(0, 5, False), Answer(0, 33, True), Answer(1, 7, True), Answer(1, 40, False),
                Answer(1, 63, False)]
     rows = TASK.rows(common, answers)

@@ -15,8 +15,9 @@ official code, github.com/NVIDIA/RULER, was not read here: the format below is t
 
 Choices (and why):
 - Statements are compact, `X=1234;` and `Y=X;` (no `VAR`, no spaces), variables single capital
-  letters A-Z, values DIGITS = 4 digits, the question `?1234:` and the answer the chain's variables
-  in assignment order separated by spaces, `A B F`. RULER's spelled-out form ("VAR X1 = 12345", "Find
+  letters A-Z, values DIGITS = 4 digits by default (`task_options = {digits = N}`, 1 to MAX_DIGITS, a
+  column of the rows; every chain's value distinct), the question `?1234:` and the answer the
+  chain's variables in assignment order separated by spaces, `A B F`. RULER's spelled-out form ("VAR X1 = 12345", "Find
   all variables ...") takes ~15 tokens a statement with byte tokens; this one fits 4 hops plus a
   distractor chain in a window of 64 (the mqar preset's training length) with 4 tokens of filler.
 - One distractor chain by default (`task_options = {distractors = N}`, 0 to 4; it is a column of the
@@ -35,9 +36,9 @@ Choices (and why):
 
 Tokens: every character of the task (the letters, digits, `=;?:` and the space) is one token (bytes,
 or a byte-level BPE that keeps them; encoded one by one), so a trial's layout is the same for every
-tokenizer: the fixed part is chains * (DIGITS + 3 + 4 * hops) statement tokens, the question
-DIGITS + 2, the answer 2 * hops + 1. A window (inputs) must hold all of them but the last answer
-token: min_length = chains * (DIGITS + 3 + 4 * hops) + DIGITS + 2 * hops + 2, with one distractor
+tokenizer: the fixed part is chains * (digits + 3 + 4 * hops) statement tokens, the question
+digits + 2, the answer 2 * hops + 1. A window (inputs) must hold all of them but the last answer
+token: min_length = chains * (digits + 3 + 4 * hops) + digits + 2 * hops + 2, with 4 digits and one distractor
 (2 chains) 20 + 10 * hops: 30, 40, 50, 60 tokens at 1, 2, 3, 4 hops (37 at 4 hops without a
 distractor). `min_length` of the task is that of the most hops in axis_values, so a length that is
 too short for it is skipped as a whole ("unsupported"); `answers` and `batch` refuse a window too
@@ -68,7 +69,8 @@ from relbench.errors import RelbenchError, UsageError
 from relbench.tasks.base import Answer, RetrievalTask, register_task, spread, teacher_forced
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"   # the variables' names, one token each
-DIGITS = 4                                # digits of a value, one token each
+DIGITS = 4                                # digits of a value by default, one token each
+MAX_DIGITS = 9
 CHARACTERS = LETTERS + "0123456789=;?: "  # every character a trial puts in besides filler
 CLEANED = "0123456789="                   # filler tokens holding one of these become the space
 HOPS = (1, 2, 3, 4)                       # the conditions evaluated (and drawn for training)
@@ -77,7 +79,7 @@ DISTRACTORS = 1                           # distractor chains by default
 
 @dataclass(frozen=True)
 class Trial:
-    values: tuple[str, ...]                # (chains,) each chain's value, DIGITS digits; chain 0 is asked for
+    values: tuple[str, ...]                # (chains,) each chain's value, all of one number of digits; chain 0 asked
     names: tuple[tuple[str, ...], ...]     # (chains, hops + 1) each chain's variables, in assignment order
     order: tuple[int, ...]                 # (chains * (hops + 1),) the chain of each statement, in text order
     places: tuple[float, ...]              # (chains * (hops + 1),) sorted: where each statement goes, in [0, 1]
@@ -117,10 +119,10 @@ def cleaned(tokenizer) -> np.ndarray:
     return _CLEAN[tokenizer.fingerprint]
 
 
-def min_length(hops: int, chains: int) -> int:
-    """The shortest window (inputs) holding a trial of `hops` and `chains` chains without filler: its
-    statements, question and answer, less the last answer token (a target only)."""
-    return chains * (DIGITS + 3 + 4 * hops) + DIGITS + 2 * hops + 2
+def min_length(hops: int, chains: int, digits: int = DIGITS) -> int:
+    """The shortest window (inputs) holding a trial of `hops` and `chains` chains of `digits`-digit
+    values without filler: its statements, question and answer, less the last answer token (a target only)."""
+    return chains * (digits + 3 + 4 * hops) + digits + 2 * hops + 2
 
 
 def statement(name: str, value: str) -> str:
@@ -137,7 +139,7 @@ def sequence(stream: np.ndarray, trial: Trial, length: int, tokenizer) -> tuple[
     target positions of the answer's variables (the input index of the token before each); and the
     (hops + 1,) distance of each from the start of the statement that assigns it to the question."""
     chains, hops = len(trial.names), trial.hops
-    shortest = min_length(hops, chains)
+    shortest = min_length(hops, chains, len(trial.values[0]))
     if length < shortest:
         raise UsageError(f"tracking with {hops} hops and {chains - 1} distractor chains needs windows of at least "
                          f"{shortest} tokens, got {length}")
@@ -171,27 +173,28 @@ def sequence(stream: np.ndarray, trial: Trial, length: int, tokenizer) -> tuple[
     return tokens, targets, distances
 
 
-def draw(rng: np.random.Generator, hops: int, chains: int, filler_start: int) -> Trial:
-    """A random trial: distinct variables across all chains, distinct values, the chains' statements
-    interleaved in a random order at random places."""
-    if not 1 <= hops or chains * (hops + 1) > len(LETTERS):
-        raise UsageError(f"tracking needs hops >= 1 and (hops + 1) * chains <= {len(LETTERS)} variables, got {hops} "
-                         f"hops and {chains} chains")
+def draw(rng: np.random.Generator, hops: int, chains: int, filler_start: int, digits: int = DIGITS) -> Trial:
+    """A random trial: distinct variables across all chains, distinct values of `digits` digits, the
+    chains' statements interleaved in a random order at random places."""
+    if not 1 <= hops or chains * (hops + 1) > len(LETTERS) or chains > 10 ** digits:
+        raise UsageError(f"tracking needs hops >= 1, (hops + 1) * chains <= {len(LETTERS)} variables and chains <= "
+                         f"10 ** digits values, got {hops} hops, {chains} chains and {digits} digits")
     letters = rng.choice(len(LETTERS), chains * (hops + 1), replace=False)
     names = tuple(tuple(LETTERS[int(k)] for k in letters[c * (hops + 1): (c + 1) * (hops + 1)]) for c in range(chains))
-    values = tuple(f"{int(v):0{DIGITS}d}" for v in rng.choice(10 ** DIGITS, chains, replace=False))
+    values = tuple(f"{int(v):0{digits}d}" for v in rng.choice(10 ** digits, chains, replace=False))
     order = tuple(int(c) for c in rng.permutation(np.repeat(np.arange(chains), hops + 1)))
     places = tuple(float(p) for p in np.sort(rng.random(chains * (hops + 1))))
     return Trial(values, names, order, places, int(filler_start))
 
 
-def trials(stream_size: int, length: int, hops: list[float], per_value: int, chains: int, seed: int = 0) -> list[Trial]:
+def trials(stream_size: int, length: int, hops: list[float], per_value: int, chains: int, seed: int = 0,
+           digits: int = DIGITS) -> list[Trial]:
     """A fixed, seeded set of trials: for each hop count, `per_value` trials with filler offsets spread
     over the stream (the same for every variant, as they depend on nothing else)."""
     generator = np.random.default_rng(seed)
     out = []
     for value in hops:
-        out += [draw(generator, int(value), chains, start) for start in spread(stream_size, length, per_value)]
+        out += [draw(generator, int(value), chains, start, digits) for start in spread(stream_size, length, per_value)]
     return out
 
 
@@ -204,18 +207,18 @@ def accuracy(model, stream: np.ndarray, trial_list: list[Trial], length: int, to
 
 
 def training_sequences(stream: np.ndarray, rng: np.random.Generator, count: int, length: int, tokenizer,
-                       hops: tuple[int, ...], chains: int) -> tuple[np.ndarray, list[np.ndarray]]:
+                       hops: tuple[int, ...], chains: int, digits: int = DIGITS) -> tuple[np.ndarray, list[np.ndarray]]:
     """(count, length + 1) random trials, each of hops drawn uniformly from `hops`, and the answer's
     target positions of each."""
-    shortest = min_length(max(hops), chains)
+    shortest = min_length(max(hops), chains, digits)
     if length < shortest:
         raise RelbenchError(f"tracking training with {max(hops)} hops and {chains - 1} distractor chains needs "
                             f"sequences of at least {shortest} tokens; use a longer --train-length")
     rows, answers = [], []
     for _ in range(count):
         h = int(hops[int(rng.integers(0, len(hops)))])
-        room = length - min_length(h, chains)
-        trial = draw(rng, h, chains, int(rng.integers(0, max(1, stream.size - room))))
+        room = length - min_length(h, chains, digits)
+        trial = draw(rng, h, chains, int(rng.integers(0, max(1, stream.size - room))), digits)
         tokens, targets, _ = sequence(stream, trial, length, tokenizer)
         rows.append(tokens)
         answers.append(targets)
@@ -224,24 +227,27 @@ def training_sequences(stream: np.ndarray, rng: np.random.Generator, count: int,
 
 @dataclass(frozen=True)
 class Tracking(RetrievalTask):
-    """Every variable of the chain is an answer, binned by its distance; the option `distractors` is
-    the number of distractor chains (a column of the rows)."""
+    """Every variable of the chain is an answer, binned by its distance; the options `distractors`
+    (distractor chains) and `digits` (of every value) are columns of the rows."""
 
     def check(self, options):
         value, most = options["distractors"], len(LETTERS) // (max(self.axis_values) + 1) - 1
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= most:
             raise UsageError(f"task_options.distractors must be an integer from 0 to {most} (every variable of "
                              f"{max(self.axis_values)} hops distinct among {len(LETTERS)} letters), got {value}")
+        n = options["digits"]
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_DIGITS:
+            raise UsageError(f"task_options.digits must be an integer from 1 to {MAX_DIGITS}, got {n!r}")
 
     def columns(self, options):
-        return {"distractors": options["distractors"]}
+        return {"distractors": options["distractors"], "digits": options["digits"]}
 
     def min_length(self, tokenizer, options):
         symbols(tokenizer)
-        return min_length(int(max(self.axis_values)), options["distractors"] + 1)
+        return min_length(int(max(self.axis_values)), options["distractors"] + 1, options["digits"])
 
     def trials(self, stream_size, length, values, per_value, tokenizer, options, seed=0):
-        return trials(stream_size, length, values, per_value, options["distractors"] + 1, seed)
+        return trials(stream_size, length, values, per_value, options["distractors"] + 1, seed, options["digits"])
 
     def answers(self, model, stream, plan, length, tokenizer, device, max_batch_tokens, options):
         return accuracy(model, stream, plan, length, tokenizer, device, max_batch_tokens)
@@ -252,7 +258,7 @@ class Tracking(RetrievalTask):
         every = tuple(int(h) for h in self.axis_values)
         allowed = tuple(h for h in every if h <= every[0] + (every[-1] - every[0]) * (1 - lowest)) or every[:1]
         sequences, answers = training_sequences(stream, rng, count, length, tokenizer, allowed,
-                                                options["distractors"] + 1)
+                                                options["distractors"] + 1, options["digits"])
         window = torch.from_numpy(sequences)
         weights = torch.full((count, length), float(text_weight))
         for row, targets in enumerate(answers):
@@ -261,10 +267,10 @@ class Tracking(RetrievalTask):
 
 
 # a hop count's rows (every distance bin) go together
-KEY = ("variant", "seed", "length", "hops", "trials", "distractors")
+KEY = ("variant", "seed", "length", "hops", "trials", "distractors", "digits")
 ABOUT = ("variable-tracking accuracy at a length and number of hops, per distance bin from a variable's assignment to "
          "the question, with its Wilson interval")
 TASK = register_task(Tracking("tracking", "tracking.csv", KEY, "tracking", ABOUT, label="Variable tracking",
                               short="tracking", axis="hops", axis_values=HOPS, binned=True,
                               place_label="distance assignment -> question (bin from)", weigh_conditions=True,
-                              defaults={"distractors": DISTRACTORS}))
+                              defaults={"distractors": DISTRACTORS, "digits": DIGITS}))
