@@ -3,6 +3,7 @@ against positions computed by hand), the generator's invariants (distinct keys, 
 needle only, 1 + k needles, the answer its value), fixed trials, scoring against oracle models,
 training batches and their weights, and the rows of the shared evaluation path."""
 
+import re
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -22,7 +23,7 @@ from relbench.training.batches import training_batch
 
 TASK = needles.TASK
 TOKENIZER = ByteTokenizer()
-OPTIONS = {"digits": 3}
+OPTIONS = {"digits": 3, "distinct": False}
 # no digits and no "=" in the filler, so a needle's text occurs only where a needle stands
 STREAM = np.frombuffer(("Filler text of the haystack, nothing to find in here. " * 300).encode(), dtype=np.uint8)
 SPACE = ord(" ")
@@ -106,7 +107,7 @@ def test_layout_by_hand():
 def test_min_length_at_each_distractor_count_and_too_short():
     assert [needles.shortest(k, 3, TOKENIZER) for k in (0, 1, 3, 5)] == [18, 26, 42, 58]
     assert TASK.axis_values == (0, 1, 3, 5) and TASK.min_length(TOKENIZER, OPTIONS) == 58 <= 64
-    assert TASK.min_length(TOKENIZER, {"digits": 5}) == 6 * 10 + 8 + 4
+    assert TASK.min_length(TOKENIZER, {"digits": 5, "distinct": False}) == 6 * 10 + 8 + 4
     trial = needles.Trial(("QX", "BM"), ("417", "902"), (0.3, 0.6), 0, 0)
     tokens, answer, distance = needles.sequence(STREAM, trial, 26, TOKENIZER)      # no filler at all
     assert text(tokens) == " QX=417. BM=902. QX? QX=417" and distance == 16 and answer == slice(23, 26)
@@ -143,11 +144,48 @@ def test_trials_hold_distinct_keys_and_the_asked_key_once():
     assert again == plan != TASK.trials(STREAM.size, 100, list(TASK.axis_values), 6, TOKENIZER, OPTIONS, seed=1)
     assert {t.asked for t in plan if t.distractors == 5} != {0}                  # any needle may be asked for
     assert len({t.values[t.asked] for t in plan}) > 20                           # values drawn at random
-    for t in TASK.trials(STREAM.size, 100, [5], 20, TOKENIZER, {"digits": 1}):    # six of ten values: still distinct
+    for t in TASK.trials(STREAM.size, 100, [5], 20, TOKENIZER, {"digits": 1, "distinct": False}):   # 6 of 10 values: distinct
         assert len(set(t.values)) == 6 and all(len(v) == 1 for v in t.values)
     assert TASK.trials(STREAM.size, 30, [5], 2, TOKENIZER, OPTIONS)             # a length too short: trials still
     with pytest.raises(UsageError, match="distractors"):
         TASK.trials(STREAM.size, 100, [1.5], 2, TOKENIZER, OPTIONS)
+
+
+@pytest.mark.parametrize("n_digits", [2, 3])
+def test_distinct_digits(n_digits):
+    """distinct: the digits of a value but its last stand in no other value but as its last, so the
+    token before every answer digit is the asked needle's alone; keys, depths and the rest as before."""
+    options = {"digits": n_digits, "distinct": True}
+    most = 5 if n_digits == 2 else 4                                             # 5 x 2 = 10 leading digits at most
+    plan = needles.trials(STREAM.size, 100, [0, 1, 3, most], 25, n_digits, seed=3, distinct=True)
+    for t in plan:
+        assert len(set(t.values)) == len(t.values) and all(len(v) == n_digits and v.isdigit() for v in t.values)
+        for j, value in enumerate(t.values):
+            others = "".join(v[:-1] for i, v in enumerate(t.values) if i != j)
+            assert not set(value[:-1]) & set(others) and len(set(value[:-1])) == n_digits - 1
+        whole = text(needles.sequence(STREAM, t, 100, TOKENIZER)[0])
+        want = t.values[t.asked]
+        for p in range(1, n_digits):                                             # the digit before, in the needles
+            assert sum(whole[: -8 - n_digits].count(want[p - 1] + d) for d in "0123456789") == 1
+    assert len({t.values[t.asked][-1] for t in plan}) == 10                      # the last digit: any
+    plain = needles.trials(STREAM.size, 100, [5], 40, n_digits, seed=3)
+    assert any(len({v[0] for v in t.values}) < 6 for t in plain)                 # without it, leads recur
+    if n_digits == 2:
+        assert TASK.trials(STREAM.size, 100, [5], 3, TOKENIZER, options) == needles.trials(
+            STREAM.size, 100, [5], 3, 2, 0, True)
+        TrainConfig(task="needles", task_options=options)
+        x, y, w = TASK.batch(STREAM, np.random.default_rng(1), 20, 64, TOKENIZER, options, 3.0, 1.0, 0.0)
+        for r in range(20):
+            row = text(torch.cat([x[r, :1], y[r]]))
+            values = [row[m.end(): m.end() + 2] for m in re.finditer(r" [A-Z]{2}=", row[: -9])]
+            assert len({v[0] for v in values}) == len(values) and text(y[r][w[r] == 3.0]) in values
+    else:
+        with pytest.raises(UsageError, match=r"\(digits - 1\) x 6 needles <= 10"):
+            TrainConfig(task="needles", task_options=options)
+        with pytest.raises(UsageError, match="got 3 digits and 6 needles"):
+            needles.trials(STREAM.size, 100, [5], 1, 3, distinct=True)
+    with pytest.raises(UsageError, match="distinct = true or false"):
+        TrainConfig(task="needles", task_options={"distinct": 1})
 
 
 def test_answers_of_oracles():
@@ -216,9 +254,9 @@ def test_training_batch_through_the_config():
 
 
 def test_options_are_checked():
-    assert TASK.options({}) == {"digits": 3}
-    assert TASK.options({"task": "needles", "task_options": {"digits": 5}}) == {"digits": 5}
-    assert TASK.options({"task": "passkey", "task_options": {"digits": 5}}) == {"digits": 3}
+    assert TASK.options({}) == OPTIONS
+    assert TASK.options({"task": "needles", "task_options": {"digits": 5}}) == {"digits": 5, "distinct": False}
+    assert TASK.options({"task": "passkey", "task_options": {"digits": 5}}) == OPTIONS
     for bad in (0, 10, 2.5):
         with pytest.raises(UsageError, match="1 to 9 digits"):
             TASK.options({"task": "needles", "task_options": {"digits": bad}})

@@ -19,7 +19,11 @@ was not read here; the parameters below are this module's choices:
 - keys: 2-letter codes of upper-case consonants (NAMES, 400 of them; distinct within a trial, so no
   distractor shares the key asked for), which real text hardly spells followed by "=";
 - values: `digits` digits (option, default 3), one token per digit (as passkey's key), distinct within
-  a trial, so a model that answers with a distractor's value is wrong whatever the draw;
+  a trial, so a model that answers with a distractor's value is wrong whatever the draw; option
+  `distinct` (default false): every digit of a value but its last is one no other value of the trial
+  has but as its last, so the digit before each answer digit stands in the asked needle alone (a
+  model that reads a digit by the one token before it, as results/tasks' attempts N6-N7 found, is
+  not misled by another needle), at most 10 // (digits - 1) needles;
 - distractors: 0, 1, 3 or 5 (AXIS): 3 is the paper's four-key setting as we recall it, and 5 the most
   whose trial still fits 64 byte tokens. Shortest windows with bytes and 3 digits (8 tokens a
   needle, 8 the question, 3 the answer, minus the last target): 18, 26, 42 and 58 tokens.
@@ -147,17 +151,32 @@ def sequence(stream: np.ndarray, trial: Trial, length: int, tokenizer) -> tuple[
     return tokens, slice(length - len(answer), length), question_start - starts[trial.asked]
 
 
-def draw(rng: np.random.Generator, distractors: int, n_digits: int, filler_start: int, lowest: float = 0.0) -> Trial:
-    """A random trial: 1 + distractors distinct keys and distinct values, each needle at a uniform
-    depth but the asked one, at a depth in [lowest, 1]."""
+def values_of(rng: np.random.Generator, count: int, n_digits: int, distinct: bool) -> list[str]:
+    """`count` distinct values of `n_digits` digits; `distinct`: every digit of a value but its last
+    one that no other value has but as its last (so the digit before each digit of the answer stands
+    in the asked needle alone), which needs (n_digits - 1) * count <= 10."""
+    if not distinct:
+        return [f"{int(v):0{n_digits}d}" for v in rng.choice(10 ** n_digits, count, replace=False)]
+    if (n_digits - 1) * count > 10:
+        raise UsageError(f"needles with distinct digits needs (digits - 1) x needles <= 10, got {n_digits} digits and "
+                         f"{count} needles")
+    leads = rng.choice(10, (n_digits - 1) * count, replace=False).reshape(count, n_digits - 1)
+    lasts = rng.integers(10, size=count)
+    return ["".join(str(int(d)) for d in lead) + str(int(last)) for lead, last in zip(leads, lasts)]
+
+
+def draw(rng: np.random.Generator, distractors: int, n_digits: int, filler_start: int, lowest: float = 0.0,
+         distinct: bool = False) -> Trial:
+    """A random trial: 1 + distractors distinct keys and distinct values (values_of), each needle at a
+    uniform depth but the asked one, at a depth in [lowest, 1]."""
     count = 1 + int(distractors)
     names = rng.choice(len(NAMES), count, replace=False)
-    values = rng.choice(10 ** n_digits, count, replace=False)
+    values = values_of(rng, count, n_digits, distinct)
     asked = int(rng.integers(count))
     depths = rng.random(count)
     depths[asked] = lowest + (1 - lowest) * depths[asked]
     order = np.argsort(depths, kind="stable")
-    return Trial(tuple(NAMES[int(names[j])] for j in order), tuple(f"{int(values[j]):0{n_digits}d}" for j in order),
+    return Trial(tuple(NAMES[int(names[j])] for j in order), tuple(values[j] for j in order),
                  tuple(float(depths[j]) for j in order), int(np.flatnonzero(order == asked)[0]), int(filler_start))
 
 
@@ -169,14 +188,14 @@ def check_distractors(value: float) -> int:
 
 
 def trials(stream_size: int, length: int, values: list[float], per_value: int, n_digits: int = DIGITS,
-           seed: int = 0) -> list[Trial]:
+           seed: int = 0, distinct: bool = False) -> list[Trial]:
     """A fixed, seeded set of trials: for each distractor count in `values`, `per_value` trials with
     filler offsets spread over the stream (the same for every variant: they depend on nothing else)."""
     generator = np.random.default_rng(seed)
     out = []
     for value in values:
         k = check_distractors(value)
-        out += [draw(generator, k, n_digits, start) for start in spread(stream_size, length, per_value)]
+        out += [draw(generator, k, n_digits, start, 0.0, distinct) for start in spread(stream_size, length, per_value)]
     return out
 
 
@@ -192,7 +211,8 @@ def accuracy(model, stream: np.ndarray, trial_list: list[Trial], length: int, to
 @dataclass(frozen=True)
 class Needles(RetrievalTask):
     """One trial is one answer, binned by the distance from the asked needle to the question. Option
-    `digits`: the digits of every value (a row's column too). Training draws each sequence's distractor
+    `digits`: the digits of every value; `distinct` (default false): values_of's (both a row's
+    column too). Training draws each sequence's distractor
     count uniformly from `axis_values` and, with a curriculum (`lowest` l > 0), from the counts up to
     the most times 1 - l (none at the first step), and the asked needle's depth from [l, 1] (the
     distractors' from [0, 1])."""
@@ -201,15 +221,21 @@ class Needles(RetrievalTask):
         n = options.get("digits")
         if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_DIGITS:
             raise UsageError(f"needles takes 1 to {MAX_DIGITS} digits a value, got {n!r}; set task_options digits")
+        if not isinstance(options["distinct"], bool):
+            raise UsageError(f"needles takes distinct = true or false, got {options['distinct']!r}")
+        most = 1 + max(check_distractors(v) for v in self.axis_values)
+        if options["distinct"] and (n - 1) * most > 10:
+            raise UsageError(f"needles with distinct digits needs (digits - 1) x {most} needles <= 10 distinct digits, "
+                             f"got {n} digits")
 
     def columns(self, options):
-        return {"digits": options["digits"]}
+        return {"digits": options["digits"], "distinct": options["distinct"]}
 
     def min_length(self, tokenizer, options):
         return shortest(max(check_distractors(v) for v in self.axis_values), options["digits"], tokenizer)
 
     def trials(self, stream_size, length, values, per_value, tokenizer, options, seed=0):
-        return trials(stream_size, length, values, per_value, options["digits"], seed)
+        return trials(stream_size, length, values, per_value, options["digits"], seed, options["distinct"])
 
     def answers(self, model, stream, plan, length, tokenizer, device, max_batch_tokens, options):
         return accuracy(model, stream, plan, length, tokenizer, device, max_batch_tokens)
@@ -225,7 +251,7 @@ class Needles(RetrievalTask):
         rows = []
         for _ in range(count):
             k = check_distractors(allowed[int(rng.integers(len(allowed)))])
-            trial = draw(rng, k, n_digits, 0, float(lowest))
+            trial = draw(rng, k, n_digits, 0, float(lowest), options["distinct"])
             room = filler_size(trial, length, tokenizer)
             trial = replace(trial, filler_start=int(rng.integers(0, max(1, stream.size - room))))
             rows.append(sequence(stream, trial, length, tokenizer)[0])
@@ -236,8 +262,9 @@ class Needles(RetrievalTask):
 
 
 ABOUT = "needles accuracy at a length and number of distractor needles, per distance bin, with its Wilson interval"
-KEY = ("variant", "seed", "length", "distractors", "trials", "digits")
+KEY = ("variant", "seed", "length", "distractors", "trials", "digits", "distinct")
 # a distractor count's rows (every distance bin) go together
 TASK = register_task(Needles("needles", "needles.csv", KEY, "needles", ABOUT, label="Needles", short="needles",
                              axis="distractors", axis_values=AXIS, binned=True,
-                             place_label="distance needle -> question (bin from)", defaults={"digits": DIGITS}))
+                             place_label="distance needle -> question (bin from)",
+                             defaults={"digits": DIGITS, "distinct": False}))

@@ -39,9 +39,9 @@ def predicted(model, tokens: np.ndarray, positions: np.ndarray, tokenizer) -> li
     return [tokenizer.decode([int(best[p])]) for p in positions]
 
 
-def needles_errors(model, stream, length, tokenizer, count, n_digits) -> Counter:
+def needles_errors(model, stream, length, tokenizer, count, n_digits, distinct=False) -> Counter:
     table: Counter = Counter()
-    for trial in needles.trials(stream.size, length, [k for k in needles.AXIS if k], count, n_digits, seed=7):
+    for trial in needles.trials(stream.size, length, [k for k in needles.AXIS if k], count, n_digits, 7, distinct):
         tokens, answer, _ = needles.sequence(stream, trial, length, tokenizer)
         got = "".join(predicted(model, tokens, np.arange(length)[answer], tokenizer))
         others = [v for j, v in enumerate(trial.values) if j != trial.asked]
@@ -97,7 +97,8 @@ def main() -> None:
     length, options = int(config["model"]["train_length"]), config["train"].get("task_options") or {}
     task, stream, tokenizer = config["train"]["task"], splits.validation, splits.tokenizer
     if task == "needles":
-        table = needles_errors(model, stream, length, tokenizer, args.trials, int(options.get("digits", needles.DIGITS)))
+        table = needles_errors(model, stream, length, tokenizer, args.trials, int(options.get("digits", needles.DIGITS)),
+                               bool(options.get("distinct", False)))
     elif task == "tracking":
         table = tracking_errors(model, stream, length, tokenizer, args.trials,
                                 int(options.get("distractors", tracking.DISTRACTORS)) + 1)
