@@ -72,9 +72,9 @@ def induction(table: Counter, trial, got: str, others: list[str]) -> None:
         table[(f"{trial.distractors} distractors, digit {place + 1}, {case}", kind)] += 1
 
 
-def tracking_errors(model, stream, length, tokenizer, count, chains) -> Counter:
+def tracking_errors(model, stream, length, tokenizer, count, chains, digits=tracking.DIGITS) -> Counter:
     table: Counter = Counter()
-    for trial in tracking.trials(stream.size, length, list(tracking.HOPS), count, chains, seed=7):
+    for trial in tracking.trials(stream.size, length, list(tracking.HOPS), count, chains, 7, digits):
         tokens, targets, _ = tracking.sequence(stream, trial, length, tokenizer)
         for j, got in enumerate(predicted(model, tokens, targets, tokenizer)):
             same_hop = {names[j] for names in trial.names[1:]}
@@ -101,7 +101,8 @@ def main() -> None:
                                bool(options.get("distinct", False)))
     elif task == "tracking":
         table = tracking_errors(model, stream, length, tokenizer, args.trials,
-                                int(options.get("distractors", tracking.DISTRACTORS)) + 1)
+                                int(options.get("distractors", tracking.DISTRACTORS)) + 1,
+                                int(options.get("digits", tracking.DIGITS)))
     else:
         raise SystemExit(f"{args.folder} was trained on {task}; this script reads needles and tracking models")
     digits = {c for c, _ in table if c.endswith("a wrong digit")}
