@@ -186,6 +186,10 @@ def test_distinct_digits(n_digits):
             needles.trials(STREAM.size, 100, [5], 1, 3, distinct=True)
     with pytest.raises(UsageError, match="distinct = true or false"):
         TrainConfig(task="needles", task_options={"distinct": 1})
+    with pytest.raises(UsageError, match="needs 2 or more digits"):            # one digit has no digit before it
+        TrainConfig(task="needles", task_options={"digits": 1, "distinct": True})
+    with pytest.raises(UsageError, match="got 1 digits and 2 needles"):
+        needles.trials(STREAM.size, 100, [1], 1, 1, distinct=True)
 
 
 def test_answers_of_oracles():

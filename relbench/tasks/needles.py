@@ -23,7 +23,7 @@ was not read here; the parameters below are this module's choices:
   `distinct` (default false): every digit of a value but its last is one no other value of the trial
   has but as its last, so the digit before each answer digit stands in the asked needle alone (a
   model that reads a digit by the one token before it, as results/tasks' attempts N6-N7 found, is
-  not misled by another needle), at most 10 // (digits - 1) needles;
+  not misled by another needle), 2 or more digits and at most 10 // (digits - 1) needles;
 - distractors: 0, 1, 3 or 5 (AXIS): 3 is the paper's four-key setting as we recall it, and 5 the most
   whose trial still fits 64 byte tokens. Shortest windows with bytes and 3 digits (8 tokens a
   needle, 8 the question, 3 the answer, minus the last target): 18, 26, 42 and 58 tokens.
@@ -157,9 +157,9 @@ def values_of(rng: np.random.Generator, count: int, n_digits: int, distinct: boo
     in the asked needle alone), which needs (n_digits - 1) * count <= 10."""
     if not distinct:
         return [f"{int(v):0{n_digits}d}" for v in rng.choice(10 ** n_digits, count, replace=False)]
-    if (n_digits - 1) * count > 10:
-        raise UsageError(f"needles with distinct digits needs (digits - 1) x needles <= 10, got {n_digits} digits and "
-                         f"{count} needles")
+    if n_digits < 2 or (n_digits - 1) * count > 10:
+        raise UsageError(f"needles with distinct digits needs 2 or more digits and (digits - 1) x needles <= 10, got "
+                         f"{n_digits} digits and {count} needles")
     leads = rng.choice(10, (n_digits - 1) * count, replace=False).reshape(count, n_digits - 1)
     lasts = rng.integers(10, size=count)
     return ["".join(str(int(d)) for d in lead) + str(int(last)) for lead, last in zip(leads, lasts)]
@@ -224,9 +224,9 @@ class Needles(RetrievalTask):
         if not isinstance(options["distinct"], bool):
             raise UsageError(f"needles takes distinct = true or false, got {options['distinct']!r}")
         most = 1 + max(check_distractors(v) for v in self.axis_values)
-        if options["distinct"] and (n - 1) * most > 10:
-            raise UsageError(f"needles with distinct digits needs (digits - 1) x {most} needles <= 10 distinct digits, "
-                             f"got {n} digits")
+        if options["distinct"] and (n < 2 or (n - 1) * most > 10):
+            raise UsageError(f"needles with distinct digits needs 2 or more digits and (digits - 1) x {most} needles "
+                             f"<= 10 distinct digits, got {n} digits")
 
     def columns(self, options):
         return {"digits": options["digits"], "distinct": options["distinct"]}
