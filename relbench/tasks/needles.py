@@ -151,15 +151,20 @@ def sequence(stream: np.ndarray, trial: Trial, length: int, tokenizer) -> tuple[
     return tokens, slice(length - len(answer), length), question_start - starts[trial.asked]
 
 
+def check_distinct(n_digits: int, count: int) -> None:
+    """values_of's distinct leading digits fit: 2 or more digits, and (n_digits - 1) * count <= 10."""
+    if n_digits < 2 or (n_digits - 1) * count > 10:
+        raise UsageError(f"needles with distinct digits needs 2 or more digits and (digits - 1) x needles <= 10, got "
+                         f"{n_digits} digits and {count} needles")
+
+
 def values_of(rng: np.random.Generator, count: int, n_digits: int, distinct: bool) -> list[str]:
     """`count` distinct values of `n_digits` digits; `distinct`: every digit of a value but its last
     one that no other value has but as its last (so the digit before each digit of the answer stands
     in the asked needle alone), which needs (n_digits - 1) * count <= 10."""
     if not distinct:
         return [f"{int(v):0{n_digits}d}" for v in rng.choice(10 ** n_digits, count, replace=False)]
-    if n_digits < 2 or (n_digits - 1) * count > 10:
-        raise UsageError(f"needles with distinct digits needs 2 or more digits and (digits - 1) x needles <= 10, got "
-                         f"{n_digits} digits and {count} needles")
+    check_distinct(n_digits, count)
     leads = rng.choice(10, (n_digits - 1) * count, replace=False).reshape(count, n_digits - 1)
     lasts = rng.integers(10, size=count)
     return ["".join(str(int(d)) for d in lead) + str(int(last)) for lead, last in zip(leads, lasts)]
@@ -224,9 +229,8 @@ class Needles(RetrievalTask):
         if not isinstance(options["distinct"], bool):
             raise UsageError(f"needles takes distinct = true or false, got {options['distinct']!r}")
         most = 1 + max(check_distractors(v) for v in self.axis_values)
-        if options["distinct"] and (n < 2 or (n - 1) * most > 10):
-            raise UsageError(f"needles with distinct digits needs 2 or more digits and (digits - 1) x {most} needles "
-                             f"<= 10 distinct digits, got {n} digits")
+        if options["distinct"]:
+            check_distinct(n, most)
 
     def columns(self, options):
         return {"digits": options["digits"], "distinct": options["distinct"]}
