@@ -20,7 +20,8 @@ TOKENIZER = ByteTokenizer()
 TASK = tracking.TASK
 # filler with digits, "=", ";", "?", ":" and capitals in it: the digits and "=" must not survive
 STREAM = np.frombuffer(("Filler Text: x=1, Y = 22; and 3 = three? The End. " * 300).encode(), dtype=np.uint8)
-ONE = {"distractors": 1, "digits": 4}
+COLUMNS = {"distractors": 1, "digits": 4}      # the options a row records
+ONE = {**COLUMNS, "drawn_weight": 1.0}
 
 
 def text(tokens) -> str:
@@ -93,6 +94,36 @@ def test_layout_by_hand():
     assert targets.tolist() == [35, 37, 39] and distances.tolist() == [30 - 3, 30 - 10, 30 - 25]
 
 
+def test_the_drawn_tokens_by_hand():
+    """The targets drawn at random (a statement's variable, a chain's value) are found where
+    test_layout_by_hand's trial puts them, and weigh drawn_weight x text_weight in training."""
+    stream = np.frombuffer(b"ab=c9defghijklmnop" * 4, dtype=np.uint8)
+    trial = tracking.Trial(values=("1234", "5678"), names=(("A", "B"), ("C", "D")), order=(0, 1, 1, 0),
+                           places=(0.0, 0.3, 0.5, 1.0), filler_start=0)
+    tokens, _, _, drawn = tracking.layout(stream, trial, 40, TOKENIZER)
+    # "A=1234;ab C=5678;c D=C;defghB=A;?...": A at 0 is no target; its digits at 2-5, C at 10, its digits at
+    # 12-15, D at 19, B at 28: the inputs before them
+    assert drawn.tolist() == [1, 2, 3, 4, 9, 11, 12, 13, 14, 18, 27]
+    assert text(tokens[1:][drawn]) == "1234C5678DB"
+    weights = {}
+    for value in (0.0, 0.5, 1.0):
+        x, y, weights[value] = TASK.batch(STREAM, np.random.default_rng(5), 20, 64, TOKENIZER,
+                                          {**ONE, "drawn_weight": value}, 5.0, 0.5, 0.0)
+    for row in range(20):
+        full = torch.cat([x[row, :1], y[row]]).tolist()
+        statements, _, _, _ = parse(full)
+        firsts = sum(1 for _, _, right in statements if right.isdigit())
+        dropped = weights[0.0][row] == 0.0
+        # every statement's variable but one at the window's start, and the digits of each chain's value
+        assert firsts == 2 and int(dropped.sum()) == sum(start > 0 for start, _, _ in statements) + 4 * firsts
+        assert all(chr(t).isupper() or chr(t).isdigit() for t in y[row, dropped].tolist())
+        assert torch.equal(weights[0.5][row][dropped], torch.full((int(dropped.sum()),), 0.25))
+        assert torch.equal(weights[0.0][row][~dropped], weights[1.0][row][~dropped])
+    for bad in (2, -0.5, True, "0"):
+        with pytest.raises(UsageError, match="drawn_weight must be a number from 0 to 1"):
+            TrainConfig(task="tracking", task_options={"drawn_weight": bad})
+
+
 @pytest.mark.parametrize("chains, digits", [(1, 4), (2, 4), (3, 4), (2, 1), (3, 2)])
 def test_generator_invariants_read_back_from_the_tokens(chains, digits):
     length, per_value = 100, 6
@@ -144,9 +175,10 @@ def test_the_digits_option():
     tokens, targets, distances = tracking.sequence(stream, trial, 31, TOKENIZER)
     assert text(tokens) == "A=7;ab C=3;c D=C;defghB=A;?7:A B"
     assert targets.tolist() == [28, 30] and distances.tolist() == [26, 4]
-    one = {"distractors": 1, "digits": 1}
+    one = {"distractors": 1, "digits": 1, "drawn_weight": 1.0}
     assert TASK.min_length(TOKENIZER, one) == 2 * (1 + 3 + 16) + 1 + 8 + 2 == 51
-    assert TASK.columns(one) == one and TASK.options({"task": "tracking", "task_options": {"digits": 1}}) == one
+    assert TASK.options({"task": "tracking", "task_options": {"digits": 1}}) == one
+    assert TASK.columns(one) == {"distractors": 1, "digits": 1}
     plan = TASK.trials(STREAM.size, 64, [1, 4], 3, TOKENIZER, one)
     assert all(len(v) == 1 for t in plan for v in t.values)
     assert all(a.correct for a in TASK.answers(Chain(), STREAM, plan, 64, TOKENIZER, "cpu", 16384, one))
@@ -166,7 +198,7 @@ def test_trials_are_fixed_by_the_seed():
                                                                                               seed=1)
     assert [t.filler_start for t in a] == spread(STREAM.size, 64, 3) * 2
     assert TASK.trials(STREAM.size, 64, [1, 4], 3, TOKENIZER, ONE, seed=0) == a
-    assert all(len(t.names) == 1 for t in TASK.trials(STREAM.size, 64, [2], 2, TOKENIZER, {"distractors": 0, "digits": 4}))
+    assert all(len(t.names) == 1 for t in TASK.trials(STREAM.size, 64, [2], 2, TOKENIZER, {**ONE, "distractors": 0}))
     for t in a:
         assert sorted(t.order) == sorted(list(range(2)) * (t.hops + 1)) and list(t.places) == sorted(t.places)
 
@@ -174,7 +206,7 @@ def test_trials_are_fixed_by_the_seed():
 def test_min_length_and_a_length_too_short():
     assert TASK.min_length(TOKENIZER, ONE) == 60 == tracking.min_length(4, 2)        # the most hops: 4
     assert [tracking.min_length(h, 2) for h in (1, 2, 3, 4)] == [30, 40, 50, 60]
-    assert TASK.min_length(TOKENIZER, {"distractors": 0, "digits": 4}) == 37
+    assert TASK.min_length(TOKENIZER, {**ONE, "distractors": 0}) == 37
     for hops in (1, 2, 3, 4):
         trial = tracking.trials(STREAM.size, 64, [hops], 1, 2)[0]
         shortest = tracking.min_length(hops, 2)
@@ -242,9 +274,9 @@ def test_batch_weights_and_shift():
 
 
 def test_rows_per_distance_bin():
-    assert TASK.count == "queries" and TASK.key[-2:] == ("distractors", "digits") and TASK.columns(ONE) == ONE
+    assert TASK.count == "queries" and TASK.key[-2:] == ("distractors", "digits") and TASK.columns(ONE) == COLUMNS
     assert TASK.options({}) == ONE and TASK.options({"task": "tracking", "task_options": {"distractors": 2}}) == \
-        {"distractors": 2, "digits": 4}
+        {"distractors": 2, "digits": 4, "drawn_weight": 1.0}
     common = {"variant": "rope", "seed": 0, "length": 64, "hops": 2, "trials": 2, "distractors": 1, "digits": 4}
     answers = [Answer(0, 4, True), Answer(0, 5, False), Answer(0, 33, True), Answer(1, 7, True), Answer(1, 40, False),
                Answer(1, 63, False)]

@@ -75,6 +75,7 @@ CHARACTERS = LETTERS + "0123456789=;?: "  # every character a trial puts in besi
 CLEANED = "0123456789="                   # filler tokens holding one of these become the space
 HOPS = (1, 2, 3, 4)                       # the conditions evaluated (and drawn for training)
 DISTRACTORS = 1                           # distractor chains by default
+DRAWN_WEIGHT = 1.0                        # the drawn tokens' targets weigh this times text_weight
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,12 @@ def sequence(stream: np.ndarray, trial: Trial, length: int, tokenizer) -> tuple[
     """(length + 1,) tokens: inputs are the first `length`, targets the last `length`; the (hops + 1,)
     target positions of the answer's variables (the input index of the token before each); and the
     (hops + 1,) distance of each from the start of the statement that assigns it to the question."""
+    return layout(stream, trial, length, tokenizer)[:3]
+
+
+def layout(stream: np.ndarray, trial: Trial, length: int, tokenizer):
+    """sequence's three arrays and the target positions of the tokens drawn at random: each statement's
+    variable and each chain's value (the input index of the token before each)."""
     chains, hops = len(trial.names), trial.hops
     shortest = min_length(hops, chains, len(trial.values[0]))
     if length < shortest:
@@ -155,12 +162,13 @@ def sequence(stream: np.ndarray, trial: Trial, length: int, tokenizer) -> tuple[
         j = seen[c]
         texts.append((c, j, statement(trial.names[c][j], trial.values[c] if j == 0 else trial.names[c][j - 1])))
         seen[c] += 1
-    parts, at, size = [], 0, 0
+    parts, at, size, drawn = [], 0, 0, []
     for (c, j, text), place in zip(texts, trial.places):
         cut = min(room, int(place * (room + 1)))
         parts.append(filler[at: cut])
         size += cut - at
         starts[c, j] = size
+        drawn += [size - 1] + ([size + 1 + k for k in range(len(trial.values[c]))] if j == 0 else [])
         parts.append(np.asarray(encode(text, table), dtype=np.int64))
         size += len(text)
         at = cut
@@ -170,7 +178,8 @@ def sequence(stream: np.ndarray, trial: Trial, length: int, tokenizer) -> tuple[
     asked = size + room - at                                   # where the question starts
     targets = asked + len(question) - 1 + 2 * np.arange(hops + 1)
     distances = np.asarray([asked - starts[0, j] for j in range(hops + 1)])
-    return tokens, targets, distances
+    drawn = np.asarray([p for p in drawn if p >= 0], dtype=np.int64)   # a statement at 0 is no target
+    return tokens, targets, distances, drawn
 
 
 def draw(rng: np.random.Generator, hops: int, chains: int, filler_start: int, digits: int = DIGITS) -> Trial:
@@ -207,22 +216,24 @@ def accuracy(model, stream: np.ndarray, trial_list: list[Trial], length: int, to
 
 
 def training_sequences(stream: np.ndarray, rng: np.random.Generator, count: int, length: int, tokenizer,
-                       hops: tuple[int, ...], chains: int, digits: int = DIGITS) -> tuple[np.ndarray, list[np.ndarray]]:
+                       hops: tuple[int, ...], chains: int,
+                       digits: int = DIGITS) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
     """(count, length + 1) random trials, each of hops drawn uniformly from `hops`, and the answer's
-    target positions of each."""
+    target positions and the drawn tokens' (layout) of each."""
     shortest = min_length(max(hops), chains, digits)
     if length < shortest:
         raise RelbenchError(f"tracking training with {max(hops)} hops and {chains - 1} distractor chains needs "
                             f"sequences of at least {shortest} tokens; use a longer --train-length")
-    rows, answers = [], []
+    rows, answers, drawn = [], [], []
     for _ in range(count):
         h = int(hops[int(rng.integers(0, len(hops)))])
         room = length - min_length(h, chains, digits)
         trial = draw(rng, h, chains, int(rng.integers(0, max(1, stream.size - room))), digits)
-        tokens, targets, _ = sequence(stream, trial, length, tokenizer)
+        tokens, targets, _, random = layout(stream, trial, length, tokenizer)
         rows.append(tokens)
         answers.append(targets)
-    return np.stack(rows), answers
+        drawn.append(random)
+    return np.stack(rows), answers, drawn
 
 
 @dataclass(frozen=True)
@@ -238,6 +249,9 @@ class Tracking(RetrievalTask):
         n = options["digits"]
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_DIGITS:
             raise UsageError(f"task_options.digits must be an integer from 1 to {MAX_DIGITS}, got {n!r}")
+        w = options["drawn_weight"]
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 <= w <= 1:
+            raise UsageError(f"task_options.drawn_weight must be a number from 0 to 1, got {w!r}")
 
     def columns(self, options):
         return {"distractors": options["distractors"], "digits": options["digits"]}
@@ -257,11 +271,12 @@ class Tracking(RetrievalTask):
         steps) of the hop counts up to 1 + (most - 1)(1 - l): one hop first, the longest chains last."""
         every = tuple(int(h) for h in self.axis_values)
         allowed = tuple(h for h in every if h <= every[0] + (every[-1] - every[0]) * (1 - lowest)) or every[:1]
-        sequences, answers = training_sequences(stream, rng, count, length, tokenizer, allowed,
-                                                options["distractors"] + 1, options["digits"])
+        sequences, answers, drawn = training_sequences(stream, rng, count, length, tokenizer, allowed,
+                                                       options["distractors"] + 1, options["digits"])
         window = torch.from_numpy(sequences)
         weights = torch.full((count, length), float(text_weight))
-        for row, targets in enumerate(answers):
+        for row, (targets, random) in enumerate(zip(answers, drawn)):
+            weights[row, torch.from_numpy(random)] = float(options["drawn_weight"]) * float(text_weight)
             weights[row, torch.from_numpy(targets)] = float(answer_weight)
         return window[:, :-1], window[:, 1:], weights
 
@@ -273,4 +288,5 @@ ABOUT = ("variable-tracking accuracy at a length and number of hops, per distanc
 TASK = register_task(Tracking("tracking", "tracking.csv", KEY, "tracking", ABOUT, label="Variable tracking",
                               short="tracking", axis="hops", axis_values=HOPS, binned=True,
                               place_label="distance assignment -> question (bin from)", weigh_conditions=True,
-                              defaults={"distractors": DISTRACTORS, "digits": DIGITS}))
+                              defaults={"distractors": DISTRACTORS, "digits": DIGITS,
+                                        "drawn_weight": DRAWN_WEIGHT}))
