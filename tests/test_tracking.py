@@ -20,7 +20,7 @@ TOKENIZER = ByteTokenizer()
 TASK = tracking.TASK
 # filler with digits, "=", ";", "?", ":" and capitals in it: the digits and "=" must not survive
 STREAM = np.frombuffer(("Filler Text: x=1, Y = 22; and 3 = three? The End. " * 300).encode(), dtype=np.uint8)
-COLUMNS = {"distractors": 1, "digits": 4}      # the options a row records
+COLUMNS = {"distractors": 1, "digits": 4, "text_digits": False}      # the options a row records
 ONE = {**COLUMNS, "drawn_weight": 1.0}
 
 
@@ -124,6 +124,34 @@ def test_the_drawn_tokens_by_hand():
             TrainConfig(task="tracking", task_options={"drawn_weight": bad})
 
 
+def test_the_text_digits_option():
+    """text_digits: the filler keeps the text's digits (only its `=` become spaces), in the evaluated
+    trials and the training batches alike; without it no digit but the values' and the question's."""
+    stream = np.frombuffer(b"ab=c9defghijklmnop" * 4, dtype=np.uint8)
+    trial = tracking.Trial(values=("1234", "5678"), names=(("A", "B"), ("C", "D")), order=(0, 1, 1, 0),
+                           places=(0.0, 0.3, 0.5, 1.0), filler_start=0, text_digits=True)
+    tokens, targets, distances = tracking.sequence(stream, trial, 40, TOKENIZER)
+    assert text(tokens) == "A=1234;ab C=5678;c9D=C;defghB=A;?1234:A B"         # test_layout_by_hand's, but the 9
+    assert targets.tolist() == [37, 39] and distances.tolist() == [32, 4]
+    kept = {**ONE, "text_digits": True}
+    assert TASK.columns(kept)["text_digits"] is True
+    assert all(t.text_digits for t in TASK.trials(STREAM.size, 64, [2], 3, TOKENIZER, kept))
+    assert not any(t.text_digits for t in TASK.trials(STREAM.size, 64, [2], 3, TOKENIZER, ONE))
+    for options, digits_in_filler in ((kept, True), (ONE, False)):
+        x, y, _ = TASK.batch(STREAM, np.random.default_rng(2), 30, 64, TOKENIZER, options, 5.0, 0.5, 0.0)
+        found = False
+        for row in range(30):
+            tokens = torch.cat([x[row, :1], y[row]]).tolist()
+            full, (statements, asked, _, _) = text(tokens), parse(tokens)
+            words = "".join("#" if any(start <= i < full.index(";", start) + 1 for start, _, _ in statements) else ch
+                            for i, ch in enumerate(full[:asked]))
+            assert "=" not in words                                                  # "=" only in statements
+            found = found or any(ch.isdigit() for ch in words)
+        assert found == digits_in_filler
+    with pytest.raises(UsageError, match="text_digits must be true or false"):
+        TrainConfig(task="tracking", task_options={"text_digits": 1})
+
+
 @pytest.mark.parametrize("chains, digits", [(1, 4), (2, 4), (3, 4), (2, 1), (3, 2)])
 def test_generator_invariants_read_back_from_the_tokens(chains, digits):
     length, per_value = 100, 6
@@ -175,10 +203,10 @@ def test_the_digits_option():
     tokens, targets, distances = tracking.sequence(stream, trial, 31, TOKENIZER)
     assert text(tokens) == "A=7;ab C=3;c D=C;defghB=A;?7:A B"
     assert targets.tolist() == [28, 30] and distances.tolist() == [26, 4]
-    one = {"distractors": 1, "digits": 1, "drawn_weight": 1.0}
+    one = {"distractors": 1, "digits": 1, "drawn_weight": 1.0, "text_digits": False}
     assert TASK.min_length(TOKENIZER, one) == 2 * (1 + 3 + 16) + 1 + 8 + 2 == 51
     assert TASK.options({"task": "tracking", "task_options": {"digits": 1}}) == one
-    assert TASK.columns(one) == {"distractors": 1, "digits": 1}
+    assert TASK.columns(one) == {"distractors": 1, "digits": 1, "text_digits": False}
     plan = TASK.trials(STREAM.size, 64, [1, 4], 3, TOKENIZER, one)
     assert all(len(v) == 1 for t in plan for v in t.values)
     assert all(a.correct for a in TASK.answers(Chain(), STREAM, plan, 64, TOKENIZER, "cpu", 16384, one))
@@ -274,9 +302,10 @@ def test_batch_weights_and_shift():
 
 
 def test_rows_per_distance_bin():
-    assert TASK.count == "queries" and TASK.key[-2:] == ("distractors", "digits") and TASK.columns(ONE) == COLUMNS
+    assert TASK.count == "queries" and TASK.key[-3:] == ("distractors", "digits", "text_digits")
+    assert TASK.columns(ONE) == COLUMNS
     assert TASK.options({}) == ONE and TASK.options({"task": "tracking", "task_options": {"distractors": 2}}) == \
-        {"distractors": 2, "digits": 4, "drawn_weight": 1.0}
+        {**ONE, "distractors": 2}
     common = {"variant": "rope", "seed": 0, "length": 64, "hops": 2, "trials": 2, "distractors": 1, "digits": 4}
     answers = [Answer(0, 4, True), Answer(0, 5, False), Answer(0, 33, True), Answer(1, 7, True), Answer(1, 40, False),
                Answer(1, 63, False)]

@@ -31,6 +31,10 @@ Choices (and why):
   tokenizer's space: the only digits are the values and the question's, the only `=` the statements',
   so the asked value and its statements cannot be confused with the text. Capital letters stay in the
   filler: a variable is the letter right before a `=`, which the filler never has.
+  Option `text_digits` (default false) keeps the text's digits in the filler (only `=` goes): a
+  value's digit then recurs in the text, and the digits' embeddings (tied to the output layer) learn
+  from the text as the capitals do; without it they are seen only as values, and in models that never
+  learned the task they had turned nearly parallel (results/tasks/README.md, attempt T17).
 - Statements go at random places of the filler (each place a fraction of it, sorted, so statements
   keep their order and may stand next to each other); the question and answer end the window.
 
@@ -60,7 +64,7 @@ only hop counts up to 1 + 3 (1 - l), one hop at the first step, every count from
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -73,6 +77,7 @@ DIGITS = 4                                # digits of a value by default, one to
 MAX_DIGITS = 9
 CHARACTERS = LETTERS + "0123456789=;?: "  # every character a trial puts in besides filler
 CLEANED = "0123456789="                   # filler tokens holding one of these become the space
+KEPT_DIGITS = "="                         # ... under text_digits: the filler keeps the text's digits
 HOPS = (1, 2, 3, 4)                       # the conditions evaluated (and drawn for training)
 DISTRACTORS = 1                           # distractor chains by default
 DRAWN_WEIGHT = 1.0                        # the drawn tokens' targets weigh this times text_weight
@@ -85,6 +90,7 @@ class Trial:
     order: tuple[int, ...]                 # (chains * (hops + 1),) the chain of each statement, in text order
     places: tuple[float, ...]              # (chains * (hops + 1),) sorted: where each statement goes, in [0, 1]
     filler_start: int                      # offset of the filler in the token stream
+    text_digits: bool = False              # the filler keeps the text's digits (only its `=` become spaces)
 
     @property
     def hops(self) -> int:
@@ -92,7 +98,7 @@ class Trial:
 
 
 _SYMBOLS: dict[str, dict[str, int]] = {}
-_CLEAN: dict[str, np.ndarray] = {}
+_CLEAN: dict[tuple[str, str], np.ndarray] = {}
 
 
 def symbols(tokenizer) -> dict[str, int]:
@@ -109,15 +115,15 @@ def symbols(tokenizer) -> dict[str, int]:
     return _SYMBOLS[tokenizer.fingerprint]
 
 
-def cleaned(tokenizer) -> np.ndarray:
-    """(vocab_size,) bool: the tokens whose text holds a digit or `=` (replaced by the space in filler)."""
-    if tokenizer.fingerprint not in _CLEAN:
+def cleaned(tokenizer, chars: str = CLEANED) -> np.ndarray:
+    """(vocab_size,) bool: the tokens whose text holds one of `chars` (replaced by the space in filler)."""
+    if (tokenizer.fingerprint, chars) not in _CLEAN:
         if tokenizer.vocab_size == 256 and tokenizer.name == "bytes":
-            mask = np.isin(np.arange(256), [ord(c) for c in CLEANED])
+            mask = np.isin(np.arange(256), [ord(c) for c in chars])
         else:
-            mask = np.asarray([any(c in tokenizer.decode([t]) for c in CLEANED) for t in range(tokenizer.vocab_size)])
-        _CLEAN[tokenizer.fingerprint] = mask
-    return _CLEAN[tokenizer.fingerprint]
+            mask = np.asarray([any(c in tokenizer.decode([t]) for c in chars) for t in range(tokenizer.vocab_size)])
+        _CLEAN[tokenizer.fingerprint, chars] = mask
+    return _CLEAN[tokenizer.fingerprint, chars]
 
 
 def min_length(hops: int, chains: int, digits: int = DIGITS) -> int:
@@ -156,7 +162,7 @@ def layout(stream: np.ndarray, trial: Trial, length: int, tokenizer):
     if filler.size < room:
         raise UsageError(f"the text has too few tokens after offset {trial.filler_start} for {room} tokens of "
                          f"tracking filler")
-    filler = np.where(cleaned(tokenizer)[filler], table[" "], filler)
+    filler = np.where(cleaned(tokenizer, KEPT_DIGITS if trial.text_digits else CLEANED)[filler], table[" "], filler)
     texts, starts, seen = [], {}, [0] * chains
     for c in trial.order:                                      # the statements in text order
         j = seen[c]
@@ -216,8 +222,8 @@ def accuracy(model, stream: np.ndarray, trial_list: list[Trial], length: int, to
 
 
 def training_sequences(stream: np.ndarray, rng: np.random.Generator, count: int, length: int, tokenizer,
-                       hops: tuple[int, ...], chains: int,
-                       digits: int = DIGITS) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
+                       hops: tuple[int, ...], chains: int, digits: int = DIGITS,
+                       text_digits: bool = False) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
     """(count, length + 1) random trials, each of hops drawn uniformly from `hops`, and the answer's
     target positions and the drawn tokens' (layout) of each."""
     shortest = min_length(max(hops), chains, digits)
@@ -229,7 +235,7 @@ def training_sequences(stream: np.ndarray, rng: np.random.Generator, count: int,
         h = int(hops[int(rng.integers(0, len(hops)))])
         room = length - min_length(h, chains, digits)
         trial = draw(rng, h, chains, int(rng.integers(0, max(1, stream.size - room))), digits)
-        tokens, targets, _, random = layout(stream, trial, length, tokenizer)
+        tokens, targets, _, random = layout(stream, replace(trial, text_digits=text_digits), length, tokenizer)
         rows.append(tokens)
         answers.append(targets)
         drawn.append(random)
@@ -252,16 +258,19 @@ class Tracking(RetrievalTask):
         w = options["drawn_weight"]
         if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 <= w <= 1:
             raise UsageError(f"task_options.drawn_weight must be a number from 0 to 1, got {w!r}")
+        if not isinstance(options["text_digits"], bool):
+            raise UsageError(f"task_options.text_digits must be true or false, got {options['text_digits']!r}")
 
     def columns(self, options):
-        return {"distractors": options["distractors"], "digits": options["digits"]}
+        return {"distractors": options["distractors"], "digits": options["digits"], "text_digits": options["text_digits"]}
 
     def min_length(self, tokenizer, options):
         symbols(tokenizer)
         return min_length(int(max(self.axis_values)), options["distractors"] + 1, options["digits"])
 
     def trials(self, stream_size, length, values, per_value, tokenizer, options, seed=0):
-        return trials(stream_size, length, values, per_value, options["distractors"] + 1, seed, options["digits"])
+        plan = trials(stream_size, length, values, per_value, options["distractors"] + 1, seed, options["digits"])
+        return [replace(trial, text_digits=options["text_digits"]) for trial in plan]
 
     def answers(self, model, stream, plan, length, tokenizer, device, max_batch_tokens, options):
         return accuracy(model, stream, plan, length, tokenizer, device, max_batch_tokens)
@@ -272,7 +281,8 @@ class Tracking(RetrievalTask):
         every = tuple(int(h) for h in self.axis_values)
         allowed = tuple(h for h in every if h <= every[0] + (every[-1] - every[0]) * (1 - lowest)) or every[:1]
         sequences, answers, drawn = training_sequences(stream, rng, count, length, tokenizer, allowed,
-                                                       options["distractors"] + 1, options["digits"])
+                                                       options["distractors"] + 1, options["digits"],
+                                                       options["text_digits"])
         window = torch.from_numpy(sequences)
         weights = torch.full((count, length), float(text_weight))
         for row, (targets, random) in enumerate(zip(answers, drawn)):
@@ -282,11 +292,11 @@ class Tracking(RetrievalTask):
 
 
 # a hop count's rows (every distance bin) go together
-KEY = ("variant", "seed", "length", "hops", "trials", "distractors", "digits")
+KEY = ("variant", "seed", "length", "hops", "trials", "distractors", "digits", "text_digits")
 ABOUT = ("variable-tracking accuracy at a length and number of hops, per distance bin from a variable's assignment to "
          "the question, with its Wilson interval")
 TASK = register_task(Tracking("tracking", "tracking.csv", KEY, "tracking", ABOUT, label="Variable tracking",
                               short="tracking", axis="hops", axis_values=HOPS, binned=True,
                               place_label="distance assignment -> question (bin from)", weigh_conditions=True,
                               defaults={"distractors": DISTRACTORS, "digits": DIGITS,
-                                        "drawn_weight": DRAWN_WEIGHT}))
+                                        "drawn_weight": DRAWN_WEIGHT, "text_digits": False}))

@@ -21,6 +21,7 @@ win: position against content.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections import Counter
 from pathlib import Path
 
@@ -72,9 +73,11 @@ def induction(table: Counter, trial, got: str, others: list[str]) -> None:
         table[(f"{trial.distractors} distractors, digit {place + 1}, {case}", kind)] += 1
 
 
-def tracking_errors(model, stream, length, tokenizer, count, chains, digits=tracking.DIGITS) -> Counter:
+def tracking_errors(model, stream, length, tokenizer, count, chains, digits=tracking.DIGITS,
+                    text_digits=False) -> Counter:
     table: Counter = Counter()
     for trial in tracking.trials(stream.size, length, list(tracking.HOPS), count, chains, 7, digits):
+        trial = dataclasses.replace(trial, text_digits=text_digits)
         tokens, targets, _ = tracking.sequence(stream, trial, length, tokenizer)
         for j, got in enumerate(predicted(model, tokens, targets, tokenizer)):
             same_hop = {names[j] for names in trial.names[1:]}
@@ -102,7 +105,7 @@ def main() -> None:
     elif task == "tracking":
         table = tracking_errors(model, stream, length, tokenizer, args.trials,
                                 int(options.get("distractors", tracking.DISTRACTORS)) + 1,
-                                int(options.get("digits", tracking.DIGITS)))
+                                int(options.get("digits", tracking.DIGITS)), bool(options.get("text_digits", False)))
     else:
         raise SystemExit(f"{args.folder} was trained on {task}; this script reads needles and tracking models")
     digits = {c for c, _ in table if c.endswith("a wrong digit")}
