@@ -34,7 +34,7 @@ Choices (and why):
   Option `text_digits` (default false) keeps the text's digits in the filler (only `=` goes): a
   value's digit then recurs in the text, and the digits' embeddings (tied to the output layer) learn
   from the text as the capitals do; without it they are seen only as values, and in models that never
-  learned the task they had turned nearly parallel (results/tasks/README.md, attempt T17).
+  learned the task they had turned nearly parallel (results/tasks/README.md, attempts T9-T18).
 - Statements go at random places of the filler (each place a fraction of it, sorted, so statements
   keep their order and may stand next to each other); the question and answer end the window.
 
