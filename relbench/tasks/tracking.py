@@ -64,7 +64,7 @@ only hop counts up to 1 + 3 (1 - l), one hop at the first step, every count from
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -77,7 +77,7 @@ DIGITS = 4                                # digits of a value by default, one to
 MAX_DIGITS = 9
 CHARACTERS = LETTERS + "0123456789=;?: "  # every character a trial puts in besides filler
 CLEANED = "0123456789="                   # filler tokens holding one of these become the space
-KEPT_DIGITS = "="                         # ... under text_digits: the filler keeps the text's digits
+CLEANED_TEXT_DIGITS = "="                 # ... under text_digits (the filler keeps the text's digits)
 HOPS = (1, 2, 3, 4)                       # the conditions evaluated (and drawn for training)
 DISTRACTORS = 1                           # distractor chains by default
 DRAWN_WEIGHT = 1.0                        # the drawn tokens' targets weigh this times text_weight
@@ -162,7 +162,7 @@ def layout(stream: np.ndarray, trial: Trial, length: int, tokenizer):
     if filler.size < room:
         raise UsageError(f"the text has too few tokens after offset {trial.filler_start} for {room} tokens of "
                          f"tracking filler")
-    filler = np.where(cleaned(tokenizer, KEPT_DIGITS if trial.text_digits else CLEANED)[filler], table[" "], filler)
+    filler = np.where(cleaned(tokenizer, CLEANED_TEXT_DIGITS if trial.text_digits else CLEANED)[filler], table[" "], filler)
     texts, starts, seen = [], {}, [0] * chains
     for c in trial.order:                                      # the statements in text order
         j = seen[c]
@@ -188,9 +188,11 @@ def layout(stream: np.ndarray, trial: Trial, length: int, tokenizer):
     return tokens, targets, distances, drawn
 
 
-def draw(rng: np.random.Generator, hops: int, chains: int, filler_start: int, digits: int = DIGITS) -> Trial:
+def draw(rng: np.random.Generator, hops: int, chains: int, filler_start: int, digits: int = DIGITS,
+         text_digits: bool = False) -> Trial:
     """A random trial: distinct variables across all chains, distinct values of `digits` digits, the
-    chains' statements interleaved in a random order at random places."""
+    chains' statements interleaved in a random order at random places (its filler with the text's
+    digits under `text_digits`)."""
     if not 1 <= hops or chains * (hops + 1) > len(LETTERS) or chains > 10 ** digits:
         raise UsageError(f"tracking needs hops >= 1, (hops + 1) * chains <= {len(LETTERS)} variables and chains <= "
                          f"10 ** digits values, got {hops} hops, {chains} chains and {digits} digits")
@@ -199,17 +201,18 @@ def draw(rng: np.random.Generator, hops: int, chains: int, filler_start: int, di
     values = tuple(f"{int(v):0{digits}d}" for v in rng.choice(10 ** digits, chains, replace=False))
     order = tuple(int(c) for c in rng.permutation(np.repeat(np.arange(chains), hops + 1)))
     places = tuple(float(p) for p in np.sort(rng.random(chains * (hops + 1))))
-    return Trial(values, names, order, places, int(filler_start))
+    return Trial(values, names, order, places, int(filler_start), text_digits)
 
 
 def trials(stream_size: int, length: int, hops: list[float], per_value: int, chains: int, seed: int = 0,
-           digits: int = DIGITS) -> list[Trial]:
+           digits: int = DIGITS, text_digits: bool = False) -> list[Trial]:
     """A fixed, seeded set of trials: for each hop count, `per_value` trials with filler offsets spread
     over the stream (the same for every variant, as they depend on nothing else)."""
     generator = np.random.default_rng(seed)
     out = []
     for value in hops:
-        out += [draw(generator, int(value), chains, start, digits) for start in spread(stream_size, length, per_value)]
+        out += [draw(generator, int(value), chains, start, digits, text_digits)
+                for start in spread(stream_size, length, per_value)]
     return out
 
 
@@ -234,8 +237,8 @@ def training_sequences(stream: np.ndarray, rng: np.random.Generator, count: int,
     for _ in range(count):
         h = int(hops[int(rng.integers(0, len(hops)))])
         room = length - min_length(h, chains, digits)
-        trial = draw(rng, h, chains, int(rng.integers(0, max(1, stream.size - room))), digits)
-        tokens, targets, _, random = layout(stream, replace(trial, text_digits=text_digits), length, tokenizer)
+        trial = draw(rng, h, chains, int(rng.integers(0, max(1, stream.size - room))), digits, text_digits)
+        tokens, targets, _, random = layout(stream, trial, length, tokenizer)
         rows.append(tokens)
         answers.append(targets)
         drawn.append(random)
@@ -269,8 +272,8 @@ class Tracking(RetrievalTask):
         return min_length(int(max(self.axis_values)), options["distractors"] + 1, options["digits"])
 
     def trials(self, stream_size, length, values, per_value, tokenizer, options, seed=0):
-        plan = trials(stream_size, length, values, per_value, options["distractors"] + 1, seed, options["digits"])
-        return [replace(trial, text_digits=options["text_digits"]) for trial in plan]
+        return trials(stream_size, length, values, per_value, options["distractors"] + 1, seed, options["digits"],
+                      options["text_digits"])
 
     def answers(self, model, stream, plan, length, tokenizer, device, max_batch_tokens, options):
         return accuracy(model, stream, plan, length, tokenizer, device, max_batch_tokens)

@@ -21,7 +21,6 @@ win: position against content.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from collections import Counter
 from pathlib import Path
 
@@ -76,8 +75,7 @@ def induction(table: Counter, trial, got: str, others: list[str]) -> None:
 def tracking_errors(model, stream, length, tokenizer, count, chains, digits=tracking.DIGITS,
                     text_digits=False) -> Counter:
     table: Counter = Counter()
-    for trial in tracking.trials(stream.size, length, list(tracking.HOPS), count, chains, 7, digits):
-        trial = dataclasses.replace(trial, text_digits=text_digits)
+    for trial in tracking.trials(stream.size, length, list(tracking.HOPS), count, chains, 7, digits, text_digits):
         tokens, targets, _ = tracking.sequence(stream, trial, length, tokenizer)
         for j, got in enumerate(predicted(model, tokens, targets, tokenizer)):
             same_hop = {names[j] for names in trial.names[1:]}
