@@ -275,6 +275,29 @@ def test_a_run_recorded_before_a_key_existed_matches_that_key_at_its_default():
     assert differences({**old, "train": {**old["train"], "lr": 1e-3}}, new) == ["train"]
 
 
+def test_a_rate_scale_counts_for_the_variants_that_read_it():
+    """train.position_lr_scales is read by spec, then by scheme (positions.Spec.scale_keys): an entry
+    none of the runs' variants reads differs in nothing; a layout reads its own spec only; a variant
+    that does not parse here (a plugin not loaded) leaves the whole table counted."""
+    from dataclasses import asdict
+
+    from relbench.runs.runconfig import differences
+
+    found = config.experiment("retrieval")
+    base = {"model": asdict(found.model), "train": {k: v for k, v in asdict(found.train).items() if k != "seed"},
+            "data": asdict(found.data)}
+
+    def run(variants, **scales):
+        return {**base, "variants": variants, "train": {**base["train"], "position_lr_scales": scales}}
+
+    assert differences(run(["xl"], t5=30.0, xl=30.0), run(["alibi"], t5=1.0, xl=30.0)) == []
+    assert differences(run(["xl"], t5=30.0), run(["t5:max_distance=64"], t5=1.0)) == ["train"]   # by scheme
+    assert differences(run(["xl"], t5=30.0), run(["xl"], t5=1.0), variants=["t5"]) == ["train"]
+    assert differences(run(["rope*3,none"], rope=2.0), run(["rope*3,none"], rope=1.0)) == []
+    assert differences(run(["rope*3,none"], **{"rope*3,none": 2.0}), run(["rope*3,none"])) == ["train"]
+    assert differences(run(["mine-not-loaded"], t5=30.0), run(["mine-not-loaded"], t5=1.0)) == ["train"]
+
+
 def test_the_dry_run_projects_runs_side_by_side_at_their_share_of_the_threads(monkeypatch):
     """With --jobs N the dry run times each step at one run's share of the threads and divides the
     sum over the runs among the N (as bench's announcement does); alone it is the sum."""

@@ -216,3 +216,35 @@ def test_merge_folds_only_the_seeds_and_variants_named(workers, tmp_path):
     config = rundir.require_run(target)
     assert config["variants"] == ["alibi", "xl"] and config["seeds"] == [0, 1]
     assert config["merged_from"][-1]["variants"] == ["xl"] and config["merged_from"][-1]["seeds"] == [1]
+
+
+def _with_scales(source, folder, scales):
+    """A copy of the run `source` whose config.json gives position_lr_scales `scales` (a rate table
+    that names schemes, as a preset's sweep does)."""
+    shutil.copytree(source, folder)
+    config = rundir.require_run(folder)
+    results.write_json(folder / results.CONFIG, {**config, "train": {**config["train"], "position_lr_scales": scales}})
+    return folder
+
+
+def test_a_rate_no_folded_variant_reads_is_no_difference(workers, tmp_path):
+    """b holds xl and alibi: a table that gives t5 another rate changes nothing they trained, so b folds
+    into a; one that gives alibi another rate does not (a holds alibi), nor xl's where xl is folded, and
+    xl's is no difference once `--variants alibi` leaves xl out."""
+    target = tmp_path / "t"
+    shutil.copytree(workers / "a", target)
+    result = run("merge", _with_scales(workers / "b", tmp_path / "t5", {"t5": 3.0}), "--run-dir", target)
+    assert result.exit_code == 0, result.output
+    assert rundir.require_run(target)["train"]["position_lr_scales"] == {}   # the target's table is kept
+    for scheme in ("alibi", "xl"):
+        other = tmp_path / "other"
+        shutil.copytree(workers / "a", other)
+        before = _snapshot(other)
+        result = run("merge", _with_scales(workers / "b", tmp_path / scheme, {scheme: 3.0}), "--run-dir", other)
+        assert result.exit_code != 0 and "different train configuration" in result.output, (scheme, result.output)
+        assert _snapshot(other) == before
+        shutil.rmtree(other)
+    shutil.copytree(workers / "a", tmp_path / "alibi-only")
+    result = run("merge", tmp_path / "xl", "--variants", "alibi", "--run-dir", tmp_path / "alibi-only")
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (tmp_path / "alibi-only" / "checkpoints").iterdir()) == ["alibi-seed0", "alibi-seed1"]

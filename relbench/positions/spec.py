@@ -110,6 +110,13 @@ class Spec:
         """The distinct scheme classes of the pattern, in order of first appearance."""
         return tuple(dict.fromkeys(layer.cls for layer in self.pattern))
 
+    @property
+    def scale_keys(self) -> tuple[str, ...]:
+        """The keys under which a run's `position_lr_scales` table (a sweep's choice, per variant) holds
+        this variant's rate, most specific first: the spec itself, then its scheme's name (a layout's
+        layers have no one scheme: the spec only)."""
+        return (self.text,) if self.is_layout else (self.text, self.pattern[0].scheme)
+
     def layers(self, n_layers: int) -> tuple[Layer, ...]:
         """The layer of each of `n_layers` blocks: the pattern repeated; a depth the pattern does not
         divide is refused (a repeating layout that stops midway is not the stack it names)."""

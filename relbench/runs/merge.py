@@ -4,7 +4,8 @@ A run of many variants and seeds splits naturally: two CPU processes, two machin
 jobs, each training and evaluating its share into a run directory of its own with the same
 configuration. `merge_runs` folds such runs into one, so `report` sees every variant and seed:
 
-- the configuration must be the same (`runconfig.differences`, as `train` checks before adding to a run);
+- the configuration must be the same (`runconfig.differences`, as `train` checks before adding to a run),
+  but for rate scales (train.position_lr_scales) that no variant the merged run holds reads;
 - checkpoints are copied, and the rows of train.csv, positions.csv and every table `extrapolate`
   writes (extrapolation.csv, copy.csv, passkey.csv, mqar.csv, attention.csv) are added, keyed as
   their writers key them (train.csv and positions.csv by their groups: a variant x seed's loss
@@ -137,7 +138,7 @@ def merge_runs(target: Path, sources: list[Path], tables: dict[str, list[str]], 
     a group that goes whole; evaluation.extrapolate.result_tables() gives every table relbench
     writes); with `seeds` or `variants`, only theirs. Every check comes before the first write."""
     target, sources = Path(target), [Path(s) for s in sources]
-    configs, config, fresh = _check_sources(target, sources)
+    configs, config, fresh = _check_sources(target, sources, variants)
     conflicts: list[str] = []
     merged = Merged()
     folded, curves = _fold_tables(target, sources, {results.TRAIN_CSV: TRAIN_KEY, **tables}, replace, seeds, variants,
@@ -165,9 +166,11 @@ def merge_runs(target: Path, sources: list[Path], tables: dict[str, list[str]], 
     return merged
 
 
-def _check_sources(target: Path, sources: list[Path]) -> tuple[list[dict[str, Any]], dict[str, Any], bool]:
+def _check_sources(target: Path, sources: list[Path], variants: list[str] | None = None,
+                   ) -> tuple[list[dict[str, Any]], dict[str, Any], bool]:
     """The sources' configs, the target's (the first source's when the target is new) and whether it is
-    new, once every source is a run of the target's configuration and not the target itself."""
+    new, once every source is a run of the target's configuration for the variants the merge leaves in
+    it (`variants` of each source, all where None) and not the target itself."""
     if not sources:
         raise UsageError("relbench merge needs at least one run to fold in; name its folder")
     for source in sources:
@@ -178,8 +181,10 @@ def _check_sources(target: Path, sources: list[Path]) -> tuple[list[dict[str, An
     if fresh and target.is_dir() and any(p.name not in LOCK_FILES for p in target.iterdir()):
         rundir.require_run(target)   # says what it is not
     config = dict(configs[0]) if fresh else rundir.require_run(target)
+    kept = [] if fresh else list(config.get("variants", []))
     for source, theirs in zip(sources, configs):
-        differs = runconfig.differences(config, theirs)
+        folded = [v for v in theirs.get("variants", []) if variants is None or v in variants]
+        differs = runconfig.differences(config, theirs, list(dict.fromkeys(kept + folded)))
         if differs or theirs.get("tokenizer_fingerprint") != config.get("tokenizer_fingerprint"):
             what = " and ".join(differs) or "tokenizer"
             raise UsageError(f"{source} holds a run with a different {what} configuration than {target}; "

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from relbench.errors import UsageError
+from relbench.errors import RelbenchError, UsageError
 from relbench.runs import machine
 from relbench.runs.results import CONFIG, CONFIG_TOML, atomic_write_text, read_json, write_json
 
@@ -51,14 +51,35 @@ def write_config(run_dir: Path, config: dict[str, Any], description: str) -> Non
     atomic_write_text(Path(run_dir) / CONFIG_TOML, to_toml(tables, header))
 
 
-def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """The parts of a run's configuration that differ (a run directory holds one configuration)."""
+def differences(old: dict[str, Any], new: dict[str, Any], variants: list[str] | None = None) -> list[str]:
+    """The parts of a run's configuration that differ (a run directory holds one configuration). An entry
+    of train.position_lr_scales that none of `variants` reads (both configurations' variants where not
+    named) differs in nothing they trained: runs that hold `xl` and `alibi` fold into one whose table
+    gives `t5` another rate."""
     from relbench.config import run_data, to_dict
 
     old_data = to_dict(run_data(old))   # a config.json from before [data]: its defaults
-    return ([key for key in ("model", "train")
-             if with_defaults(key, old.get(key), new[key]) != with_defaults(key, new[key], old.get(key) or {})]
+    specs = list(dict.fromkeys([*old.get("variants", []), *new.get("variants", [])])) if variants is None else variants
+    tables = {key: (with_defaults(key, old.get(key), new[key]), with_defaults(key, new[key], old.get(key) or {}))
+              for key in ("model", "train")}
+    tables["train"] = tuple(read_scales(table, specs) for table in tables["train"])
+    return ([key for key, (mine, theirs) in tables.items() if mine != theirs]
             + [key for key, value in new["data"].items() if old_data.get(key) != value])
+
+
+def read_scales(train: dict[str, Any] | None, specs: list[str]) -> dict[str, Any] | None:
+    """A recorded [train] table with its position_lr_scales cut to the entries `specs` read
+    (positions.Spec.scale_keys); the whole table where a spec does not parse here (a plugin's
+    variant whose file is not loaded): what it reads is not known, so all of it counts."""
+    from relbench import positions
+
+    if not train or not train.get("position_lr_scales"):
+        return train
+    try:
+        keys = {key for spec in specs for key in positions.parse(spec).scale_keys}
+    except RelbenchError:
+        return train
+    return {**train, "position_lr_scales": {k: v for k, v in train["position_lr_scales"].items() if k in keys}}
 
 
 def with_defaults(table: str, old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any] | None:

@@ -51,7 +51,7 @@ def position_lr(spec: str, config: TrainConfig) -> tuple[float, str]:
         return float(parsed.position_lr_scale), "variant option"
     if config.position_lr_scale is not None:
         return float(config.position_lr_scale), "run option"
-    for key in (spec, parsed.pattern[0].scheme if not parsed.is_layout else spec):
+    for key in parsed.scale_keys:
         if key in config.position_lr_scales:
             return float(config.position_lr_scales[key]), "tuned"
     return 1.0, "default"
