@@ -277,8 +277,9 @@ def test_a_run_recorded_before_a_key_existed_matches_that_key_at_its_default():
 
 def test_a_rate_scale_counts_for_the_variants_that_read_it():
     """train.position_lr_scales is read by spec, then by scheme (positions.Spec.scale_keys): an entry
-    none of the runs' variants reads differs in nothing; a layout reads its own spec only; a variant
-    that does not parse here (a plugin not loaded) leaves the whole table counted."""
+    none of the variants trained under the old table reads differs in nothing (a new variant trains at
+    the new table's rate); a layout reads its own spec only; a variant that does not parse here (a
+    plugin not loaded) leaves the whole table counted."""
     from dataclasses import asdict
 
     from relbench.runs.runconfig import differences
@@ -290,8 +291,9 @@ def test_a_rate_scale_counts_for_the_variants_that_read_it():
     def run(variants, **scales):
         return {**base, "variants": variants, "train": {**base["train"], "position_lr_scales": scales}}
 
-    assert differences(run(["xl"], t5=30.0, xl=30.0), run(["alibi"], t5=1.0, xl=30.0)) == []
-    assert differences(run(["xl"], t5=30.0), run(["t5:max_distance=64"], t5=1.0)) == ["train"]   # by scheme
+    assert differences(run(["xl"], t5=30.0, xl=30.0), run(["t5"], t5=1.0, xl=30.0)) == []   # t5 is new here
+    assert differences(run(["xl"], xl=30.0), run(["t5"], xl=1.0)) == ["train"]             # xl's was trained
+    assert differences(run(["t5:max_distance=64"], t5=30.0), run(["xl"], t5=1.0)) == ["train"]   # by scheme
     assert differences(run(["xl"], t5=30.0), run(["xl"], t5=1.0), variants=["t5"]) == ["train"]
     assert differences(run(["rope*3,none"], rope=2.0), run(["rope*3,none"], rope=1.0)) == []
     assert differences(run(["rope*3,none"], **{"rope*3,none": 2.0}), run(["rope*3,none"])) == ["train"]

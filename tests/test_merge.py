@@ -228,23 +228,29 @@ def _with_scales(source, folder, scales):
 
 
 def test_a_rate_no_folded_variant_reads_is_no_difference(workers, tmp_path):
-    """b holds xl and alibi: a table that gives t5 another rate changes nothing they trained, so b folds
-    into a; one that gives alibi another rate does not (a holds alibi), nor xl's where xl is folded, and
-    xl's is no difference once `--variants alibi` leaves xl out."""
-    target = tmp_path / "t"
-    shutil.copytree(workers / "a", target)
-    result = run("merge", _with_scales(workers / "b", tmp_path / "t5", {"t5": 3.0}), "--run-dir", target)
+    """The target's table is kept, so it must give each folded variant the rate it trained at, and only
+    that: b (xl and alibi) folds into a whose table gives t5 another rate, and into one whose table gives
+    its own alibi another rate when `--variants xl` leaves b's alibi out; not when b's alibi or xl
+    trained at another rate than the target's table says."""
+    def target(name, scales):
+        folder = _with_scales(workers / "a", tmp_path / name, scales)
+        return folder, _snapshot(folder)
+
+    def merge(source, folder, *options):
+        return run("merge", source, *options, "--run-dir", folder)
+
+    b_t5 = _with_scales(workers / "b", tmp_path / "b-t5", {"t5": 3.0})
+    folder, _ = target("t", {})
+    result = merge(b_t5, folder)
     assert result.exit_code == 0, result.output
-    assert rundir.require_run(target)["train"]["position_lr_scales"] == {}   # the target's table is kept
-    for scheme in ("alibi", "xl"):
-        other = tmp_path / "other"
-        shutil.copytree(workers / "a", other)
-        before = _snapshot(other)
-        result = run("merge", _with_scales(workers / "b", tmp_path / scheme, {scheme: 3.0}), "--run-dir", other)
-        assert result.exit_code != 0 and "different train configuration" in result.output, (scheme, result.output)
-        assert _snapshot(other) == before
-        shutil.rmtree(other)
-    shutil.copytree(workers / "a", tmp_path / "alibi-only")
-    result = run("merge", tmp_path / "xl", "--variants", "alibi", "--run-dir", tmp_path / "alibi-only")
+    assert rundir.require_run(folder)["train"]["position_lr_scales"] == {}    # the target's table is kept
+    folder, _ = target("alibi-at-3", {"alibi": 3.0})
+    result = merge(workers / "b", folder, "--variants", "xl")
     assert result.exit_code == 0, result.output
-    assert sorted(p.name for p in (tmp_path / "alibi-only" / "checkpoints").iterdir()) == ["alibi-seed0", "alibi-seed1"]
+    assert sorted(p.name for p in (folder / "checkpoints").iterdir()) == ["alibi-seed0", "xl-seed0", "xl-seed1"]
+    for name, source, options in (("refused-alibi", workers / "b", ()),
+                                  ("refused-xl", _with_scales(workers / "b", tmp_path / "b-xl", {"xl": 3.0}), ())):
+        folder, before = target(name, {"alibi": 3.0} if name == "refused-alibi" else {})
+        result = merge(source, folder, *options)
+        assert result.exit_code != 0 and "different train configuration" in result.output, (name, result.output)
+        assert _snapshot(folder) == before

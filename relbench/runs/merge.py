@@ -5,7 +5,7 @@ jobs, each training and evaluating its share into a run directory of its own wit
 configuration. `merge_runs` folds such runs into one, so `report` sees every variant and seed:
 
 - the configuration must be the same (`runconfig.differences`, as `train` checks before adding to a run),
-  but for rate scales (train.position_lr_scales) that no variant the merged run holds reads;
+  but for rate scales (train.position_lr_scales) that no folded variant reads (the target's are kept);
 - checkpoints are copied, and the rows of train.csv, positions.csv and every table `extrapolate`
   writes (extrapolation.csv, copy.csv, passkey.csv, mqar.csv, attention.csv) are added, keyed as
   their writers key them (train.csv and positions.csv by their groups: a variant x seed's loss
@@ -169,8 +169,8 @@ def merge_runs(target: Path, sources: list[Path], tables: dict[str, list[str]], 
 def _check_sources(target: Path, sources: list[Path], variants: list[str] | None = None,
                    ) -> tuple[list[dict[str, Any]], dict[str, Any], bool]:
     """The sources' configs, the target's (the first source's when the target is new) and whether it is
-    new, once every source is a run of the target's configuration for the variants the merge leaves in
-    it (`variants` of each source, all where None) and not the target itself."""
+    new, once every source is a run of the target's configuration for the variants it folds in
+    (`variants` of each source, all where None) and not the target itself."""
     if not sources:
         raise UsageError("relbench merge needs at least one run to fold in; name its folder")
     for source in sources:
@@ -181,10 +181,9 @@ def _check_sources(target: Path, sources: list[Path], variants: list[str] | None
     if fresh and target.is_dir() and any(p.name not in LOCK_FILES for p in target.iterdir()):
         rundir.require_run(target)   # says what it is not
     config = dict(configs[0]) if fresh else rundir.require_run(target)
-    kept = [] if fresh else list(config.get("variants", []))
-    for source, theirs in zip(sources, configs):
+    for source, theirs in zip(sources, configs):   # the target's table is kept: it must fit what comes in
         folded = [v for v in theirs.get("variants", []) if variants is None or v in variants]
-        differs = runconfig.differences(config, theirs, list(dict.fromkeys(kept + folded)))
+        differs = runconfig.differences(config, theirs, folded)
         if differs or theirs.get("tokenizer_fingerprint") != config.get("tokenizer_fingerprint"):
             what = " and ".join(differs) or "tokenizer"
             raise UsageError(f"{source} holds a run with a different {what} configuration than {target}; "

@@ -52,14 +52,15 @@ def write_config(run_dir: Path, config: dict[str, Any], description: str) -> Non
 
 
 def differences(old: dict[str, Any], new: dict[str, Any], variants: list[str] | None = None) -> list[str]:
-    """The parts of a run's configuration that differ (a run directory holds one configuration). An entry
-    of train.position_lr_scales that none of `variants` reads (both configurations' variants where not
-    named) differs in nothing they trained: runs that hold `xl` and `alibi` fold into one whose table
-    gives `t5` another rate."""
+    """The parts of a run's configuration that differ (a run directory holds one configuration). Of
+    train.position_lr_scales only the entries `variants` read count: the variants trained under one
+    table that the other will describe, `old`'s where not named (`record_run` writes `new` over it; a
+    merge keeps the target's table and names the variants it folds in). So a run that holds `xl` folds
+    into one whose table gives `t5` another rate, and a new variant's own rate is no difference."""
     from relbench.config import run_data, to_dict
 
     old_data = to_dict(run_data(old))   # a config.json from before [data]: its defaults
-    specs = list(dict.fromkeys([*old.get("variants", []), *new.get("variants", [])])) if variants is None else variants
+    specs = list(old.get("variants", [])) if variants is None else variants
     tables = {key: (with_defaults(key, old.get(key), new[key]), with_defaults(key, new[key], old.get(key) or {}))
               for key in ("model", "train")}
     tables["train"] = tuple(read_scales(table, specs) for table in tables["train"])
