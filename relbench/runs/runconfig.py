@@ -60,27 +60,30 @@ def differences(old: dict[str, Any], new: dict[str, Any], variants: list[str] | 
     from relbench.config import run_data, to_dict
 
     old_data = to_dict(run_data(old))   # a config.json from before [data]: its defaults
-    specs = list(old.get("variants", [])) if variants is None else variants
-    tables = {key: (with_defaults(key, old.get(key), new[key]), with_defaults(key, new[key], old.get(key) or {}))
-              for key in ("model", "train")}
-    tables["train"] = tuple(read_scales(table, specs) for table in tables["train"])
-    return ([key for key, (mine, theirs) in tables.items() if mine != theirs]
+    keys = scale_keys(list(old.get("variants", [])) if variants is None else variants)
+    return ([key for key in ("model", "train")
+             if read_scales(with_defaults(key, old.get(key), new[key]), keys)
+             != read_scales(with_defaults(key, new[key], old.get(key) or {}), keys)]
             + [key for key, value in new["data"].items() if old_data.get(key) != value])
 
 
-def read_scales(train: dict[str, Any] | None, specs: list[str]) -> dict[str, Any] | None:
-    """A recorded [train] table with its position_lr_scales cut to the entries `specs` read
-    (positions.Spec.scale_keys); the whole table where a spec does not parse here (a plugin's
-    variant whose file is not loaded): what it reads is not known, so all of it counts."""
+def scale_keys(specs: list[str]) -> set[str] | None:
+    """The position_lr_scales entries `specs` read (positions.Spec.scale_keys); None where a spec does
+    not parse here (a plugin's variant whose file is not loaded): what it reads is not known."""
     from relbench import positions
 
-    if not train or not train.get("position_lr_scales"):
-        return train
     try:
-        keys = {key for spec in specs for key in positions.parse(spec).scale_keys}
+        return {key for spec in specs for key in positions.parse(spec).scale_keys}
     except RelbenchError:
-        return train
-    return {**train, "position_lr_scales": {k: v for k, v in train["position_lr_scales"].items() if k in keys}}
+        return None
+
+
+def read_scales(table: dict[str, Any] | None, keys: set[str] | None) -> dict[str, Any] | None:
+    """A recorded table with its position_lr_scales (a [train] table's) cut to `keys`; whole where
+    `keys` is None (all of it counts) or it has none."""
+    if not table or not table.get("position_lr_scales") or keys is None:
+        return table
+    return {**table, "position_lr_scales": {k: v for k, v in table["position_lr_scales"].items() if k in keys}}
 
 
 def with_defaults(table: str, old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any] | None:
