@@ -67,6 +67,25 @@ def test_a_scheme_keeps_its_colour_whatever_else_is_in_the_run():
     assert style.style_of("fox:bias_init=5")["color"] == style.style_of("fox")["color"]
     assert style.style_of("alibi@logn")["color"] == style.style_of("alibi")["color"]
     assert style.style_of("mybias")["color"] == style.style_of("mybias:k=3")["color"]   # a plugin, stable too
+    assert style.style_of("rope:window=64")["color"] == style.style_of("rope+ft512")["color"] == colours[names.index("rope")]
+    # a layout is its own: apart from its first layer's scheme and from another layout of the same schemes
+    layouts = ["rope*1,none", "rope:window=32*1,none", "rope:chunk=128*1,none"]
+    assert [style.colour_key(v) for v in layouts] == layouts
+    assert style.colour_key("rope:window=32*1,none+ft512") == "rope:window=32*1,none"
+    assert len({style.style_of(v)["color"] for v in layouts}) == 3
+    assert style.style_of("rope:window=32*1,none")["color"] != style.style_of("rope")["color"]
     # the strong colours go to the registered schemes first: none of the 18 first is a pale tab20 shade
     pale = set(style.PALETTE[18:])
     assert not pale & set(colours[:18])
+
+
+def test_a_long_spec_is_titled_on_lines_broken_after_its_commas():
+    gpt_oss = "rope:base=150000,window=8,sinks=true*1,rope:base=150000,sinks=true"
+    assert style.label(gpt_oss) == "rope:base=150000,window=8,\nsinks=true*1,rope:base=150000,\nsinks=true"
+    assert style.label("rope:window=32*1,none") == "rope:window=32*1,none"      # short: as it is
+    assert style.label("alibi") == "alibi"
+    assert style.label("a" * 40 + ",b", width=10) == "a" * 40 + ",\nb"         # a long part keeps its own line
+    for spec in (gpt_oss, "rope:window=32*3,rope:base=1000000", "x,y,z"):
+        lines = style.label(spec, width=12).split("\n")
+        assert "".join(lines) == spec                                          # nothing lost or added
+        assert all(len(line) <= 12 or "," not in line[:-1] for line in lines)

@@ -63,7 +63,7 @@ def draw(decided: decisions.Decisions, reaches: dict[str, Reach], path: Path) ->
                     color="grey")
         ax.axvline(decided.train_length, color="grey", linestyle=":", linewidth=0.8)
         label = f"tier {tier}" if tier not in ("not learned", "-", "too few seeds") else tier
-        ax.set_title(f"{variant}\n{label}, {learned} learned", fontsize=8)
+        ax.set_title(f"{style.label(variant)}\n{label}, {learned} learned", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.25, linewidth=0.5)
     axes[0].set_xscale("log", base=2)

@@ -36,7 +36,7 @@ from relbench.errors import RelbenchError
 from relbench.positions import forms
 from relbench.positions.base import RelativeBias
 from relbench.reporting import curves
-from relbench.reporting.style import grid, save, style_of
+from relbench.reporting.style import grid, label, save, style_of
 from relbench.runs import checkpoints, results, rundir
 from relbench.tasks.base import RetrievalTask
 
@@ -93,7 +93,7 @@ def ratio_title(variant: str, mine: pd.DataFrame, longest: int) -> str:
     (`learned` has no positions past its training length)."""
     last = mine.sort_values("length").iloc[-1]
     stops = f" (to {int(last['length']):g} only)" if last["length"] < longest else f" at {int(last['length']):g}"
-    return f"{variant}\n×{last['ratio_mean']:.2f}{stops}"
+    return f"{label(variant)}\n×{last['ratio_mean']:.2f}{stops}"
 
 
 def perplexity_vs_length(summary: pd.DataFrame, train_length: int, path: Path) -> Path:
@@ -114,7 +114,7 @@ def perplexity_vs_length(summary: pd.DataFrame, train_length: int, path: Path) -
             ax.errorbar(mine["length"], mine["ratio_mean"], yerr=mine["ratio_ci95"].fillna(0), capsize=2,
                         linestyle=style, markersize=3, **style_of(variant))
         mine = first[first["variant"] == variant]
-        ax.set_title(ratio_title(variant, mine, max(lengths)) if not mine.empty else variant, fontsize=8)
+        ax.set_title(ratio_title(variant, mine, max(lengths)) if not mine.empty else label(variant), fontsize=8)
         ax.axvline(train_length, color="grey", linestyle=":", linewidth=0.8)
         ax.axhline(1.0, color="grey", linewidth=0.6)
         log_axes(ax, lengths)
@@ -244,7 +244,7 @@ def retrieval_heatmaps(rows: pd.DataFrame, train_length: int, path: Path, learne
         seeds = mine["seed"].nunique()
         total = ok[ok["variant"] == variant]["seed"].nunique()
         if mine.empty:
-            ax.set_title(f"{variant}: not learned (0/{total})", fontsize=9)
+            ax.set_title(f"{label(variant)}: not learned (0/{total})", fontsize=9)
             ax.set_xlim(-0.5, len(lengths) - 0.5)
             ax.set_ylim(-0.5, len(places) - 0.5)
             continue
@@ -256,7 +256,7 @@ def retrieval_heatmaps(rows: pd.DataFrame, train_length: int, path: Path, learne
             if not np.isnan(value):
                 ax.text(j, i, f"{value:.0%}", ha="center", va="center", fontsize=5 if len(places) > 8 else 6,
                         color="white" if value < 0.6 else "black")
-        ax.set_title(f"{variant} ({seeds}/{total} seeds learned)" if total > 1 else variant, fontsize=9)
+        ax.set_title(f"{label(variant)} ({seeds}/{total} seeds learned)" if total > 1 else label(variant), fontsize=9)
     axes[0].set(xlabel="length (* training)", ylabel=task.place_label)
     if image is not None:
         fig.colorbar(image, ax=axes, shrink=0.6, label=f"{task.name} accuracy")
