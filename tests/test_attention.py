@@ -290,3 +290,34 @@ def test_transformer_xl_relative_shift_matches_the_gathered_terms(q_len, k_len, 
         torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-5)
     ref = attention(q, k, v, plan, "reference")
     torch.testing.assert_close(chunked_attention(q, k, v, plan, block=block), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend, window", [("sdpa", 0), ("chunked", 0), ("auto", 40)])
+def test_queries_and_keys_wider_than_values_reach_the_fused_kernel(backend, window):
+    """PoPE's q and k are twice as wide as v (qk_width 2): torch's fused CPU kernel takes one head width
+    and silently falls back to its math path (L x L materialised) on two, so `attention` pads v with zero
+    columns for every path but the reference. The output keeps v's width and equals the reference's, the
+    gradients too, and every call reaches the fused kernel."""
+    torch.manual_seed(0)
+    enc = positions.build("pope", n_heads=2, head_dim=16)
+    q, k = torch.randn(1, 2, 150, 16, requires_grad=True), torch.randn(1, 2, 150, 16, requires_grad=True)
+    v = torch.randn(1, 2, 150, 16, requires_grad=True)
+    outputs, grads = {}, {}
+    for name in (backend, "reference"):
+        q_rot, k_rot, plan = enc.prepare(q, k)
+        assert q_rot.shape[-1] == 32 and plan is None
+        outputs[name] = attention(q_rot, k_rot, v, plan, name, window=window)
+        (outputs[name] * torch.linspace(-1, 1, outputs[name].numel()).view_as(outputs[name])).sum().backward()
+        grads[name] = [t.grad.clone() for t in (q, k, v)]
+        for t in (q, k, v):
+            t.grad = None
+    assert outputs[backend].shape == (1, 2, 150, 16)
+    torch.testing.assert_close(outputs[backend], outputs["reference"], rtol=1e-4, atol=1e-5)
+    for got, want in zip(grads[backend], grads["reference"]):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    with torch.no_grad(), torch.profiler.profile() as prof:
+        q_rot, k_rot, plan = enc.prepare(q, k)
+        attention(q_rot, k_rot, v, plan, backend, window=window)
+    ops = {e.key: e.count for e in prof.key_averages()}
+    assert ops.get("aten::_scaled_dot_product_flash_attention_for_cpu", 0) >= 1
+    assert "aten::_scaled_dot_product_attention_math" not in ops

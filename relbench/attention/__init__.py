@@ -394,6 +394,12 @@ def attention(q: Tensor, k: Tensor, v: Tensor, plan: BiasPlan | None = None, bac
     path = resolve(backend, plan, q, k.shape[-2], grad, limited)
     for taken in _RECORDERS:
         taken[path] += 1
+    width = v.shape[-1]
+    if path != "reference" and width < q.shape[-1]:
+        # q and k wider than v (PoPE: qk_width 2): torch's fused kernels take one head width, and with two
+        # they fall back to the math path, L x L materialised (docs/performance.md: 6.6x unbiased SDPA at
+        # 4096, 2.3x padded); zero columns of v change nothing in the first `width` columns of the output
+        v = F.pad(v, (0, q.shape[-1] - width))
     if limited:
-        return PATHS[path](q, k, v, plan, window=window, sinks=sinks, chunk=chunk)
-    return PATHS[path](q, k, v, plan)
+        return PATHS[path](q, k, v, plan, window=window, sinks=sinks, chunk=chunk)[..., :width]
+    return PATHS[path](q, k, v, plan)[..., :width]
