@@ -654,6 +654,8 @@ MUTATIONS = [
     ("cli: help rewraps the examples into one paragraph", "relbench/cli/group.py",
      "            command.help = examples_kept(command.help)", "            pass",
      ["tests/test_cli.py::test_help_keeps_each_example_on_a_line_of_its_own"]),
+    ("merge: a merged run folded again credits its own machine with every seed", "relbench/runs/merge.py",
+     '    for entry in theirs.get("merged_from", []):', "    for entry in []:", MERGE),
     ("merge: --seeds folds every seed's checkpoints", "relbench/runs/merge.py",
      "    return (seeds is None or (seed.isdigit() and int(seed) in seeds)) and \\", "    return True and \\", MERGE),
     ("positions: a perplexity row's bins keyed with the row's n_tokens (a forced evaluation adds a second set)",

@@ -254,3 +254,26 @@ def test_a_rate_no_folded_variant_reads_is_no_difference(workers, tmp_path):
         result = merge(source, folder, *options)
         assert result.exit_code != 0 and "different train configuration" in result.output, (name, result.output)
         assert _snapshot(folder) == before
+
+
+def test_a_run_folded_together_keeps_each_machine_when_folded_again(workers, tmp_path):
+    """Folding a merged run into another keeps where each of its seeds came from: the runs it had folded
+    in, each with its own machine, and only the rest under the merged run's own environment."""
+    b = tmp_path / "b"
+    shutil.copytree(workers / "b", b)
+    config = json.loads((b / "config.json").read_text())
+    config["environment"]["cpu"] = "Another CPU; avx2"
+    (b / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert run("merge", workers / "a", b, "--run-dir", first).exit_code == 0
+    result = run("merge", first, "--run-dir", second)
+    assert result.exit_code == 0, result.output
+    entries = [(m["run"], m["variants"], m["seeds"], m["environment"]["cpu"])
+               for m in rundir.require_run(second)["merged_from"]]
+    cpu_a = rundir.require_run(workers / "a")["environment"]["cpu"]
+    assert (f"{workers / 'a'} (via {first})", ["alibi"], [0], cpu_a) in entries
+    assert (f"{b} (via {first})", ["xl", "alibi"], [0, 1], "Another CPU; avx2") in entries
+    assert not [e for e in entries if e[0] == str(first)]       # nothing of `first` is its own: all folded in
+    assert run("report", "--run-dir", second).exit_code == 0
+    assert f"from {b} (via {first}): xl, alibi, seeds 0, 1, trained on Another CPU; avx2" in \
+        (second / "report.md").read_text()

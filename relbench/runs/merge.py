@@ -253,8 +253,7 @@ def _merged_config(config: dict[str, Any], fresh: bool, sources: list[Path], con
         held_variants, held_seeds = _held(curves.get(source, pd.DataFrame()), theirs)
         variants += [v for v in held_variants if v not in variants]
         seeds |= set(held_seeds)
-        history.append({"run": str(source), "variants": held_variants, "seeds": held_seeds,
-                        "environment": theirs.get("environment", {})})
+        history += _provenance(source, theirs, held_variants, held_seeds)
     config = {**_in_field_order(config), "variants": variants, "seeds": sorted(seeds), "merged_from": history}
     if plugins:
         config["plugins"] = plugins
@@ -264,6 +263,25 @@ def _merged_config(config: dict[str, Any], fresh: bool, sources: list[Path], con
     if finetune:
         config["finetune"] = finetune
     return config
+
+
+def _provenance(source: Path, theirs: dict[str, Any], variants: list[str], seeds: list[int]) -> list[dict[str, Any]]:
+    """The `merged_from` entries of what `source` brings (`variants` x `seeds`): a source that was itself
+    folded together keeps each run it folded in, with that run's machine, for the variants and seeds of it
+    that come along; the rest is the source's own, under its environment (one entry per set of seeds)."""
+    nested, covered = [], set()
+    for entry in theirs.get("merged_from", []):
+        held = ([v for v in entry.get("variants", []) if v in variants], [s for s in entry.get("seeds", []) if s in seeds])
+        if held[0] and held[1]:
+            nested.append({**entry, "run": f"{entry.get('run')} (via {source})", "variants": held[0], "seeds": held[1]})
+            covered |= {(v, s) for v in held[0] for s in held[1]}
+    own: dict[tuple[int, ...], list[str]] = {}
+    for variant in variants:
+        rest = tuple(s for s in seeds if (variant, s) not in covered)
+        if rest:
+            own.setdefault(rest, []).append(variant)
+    return [{"run": str(source), "variants": held, "seeds": list(rest), "environment": theirs.get("environment", {})}
+            for rest, held in own.items()] + nested
 
 
 def _in_field_order(config: dict[str, Any]) -> dict[str, Any]:
